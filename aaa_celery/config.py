@@ -1,0 +1,149 @@
+"""Guard configuration: the handler-wide default and each tool's overrides."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import ConfigError
+
+
+class Delivery(StrEnum):
+    """What a lost attempt means."""
+
+    AT_LEAST_ONCE = "at_least_once"
+    """Run a lost call again, up to ``max_attempts``. The tool may run more than once:
+    make it idempotent, or pass ``ctx.idempotency_key`` to the system it calls."""
+
+    AT_MOST_ONCE = "at_most_once"
+    """Never run a call again once an attempt started. A lost attempt becomes an
+    ``OutcomeUnknown`` failure for the model or a person to reconcile."""
+
+
+class LostLease(StrEnum):
+    """What a worker does when it discovers that it lost its lease mid-call."""
+
+    CANCEL = "cancel"
+    """Cancel the running tool and record no result (``aaa.tool.fenced``)."""
+
+    FINISH = "finish"
+    """Let the tool finish; its result is still subject to ``fence_results``."""
+
+
+class GuardConfig(BaseModel):
+    """The stalled-worker guard of a tool call.
+
+    Set a default on the ``ToolHandler`` and override it per tool. Every field is
+    validated when the config is built, so a bad value fails at definition time.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    enabled: bool = True
+    """False: no lease and no attempt records. The broker still redelivers a request lost
+    with its worker, so a call can run twice and nothing notices."""
+
+    delivery: Delivery = Delivery.AT_LEAST_ONCE
+    """``at_least_once`` re-runs a lost call; ``at_most_once`` reports ``OutcomeUnknown``."""
+
+    max_attempts: int = Field(default=3, ge=1)
+    """Cap on executions of one call under ``at_least_once``; past it, ``ExecutionAbandoned``."""
+
+    lease_ttl_s: float = Field(default=15.0, gt=0)
+    """Seconds a silent worker keeps its exclusive claim on a call."""
+
+    heartbeat_s: float | None = Field(default=None, gt=0)
+    """Seconds between lease renewals; default ``lease_ttl_s / 3``. Must be below the TTL."""
+
+    wait_poll_s: float = Field(default=0.5, gt=0)
+    """Seconds between re-checks by a worker that found the call busy."""
+
+    on_lost_lease: LostLease = LostLease.CANCEL
+    """``cancel`` stops the tool when its lease is lost; ``finish`` lets it complete."""
+
+    fence_results: bool = True
+    """Reject (and audit as ``aaa.tool.stale_result``) a result from a superseded attempt."""
+
+    @model_validator(mode="after")
+    def _heartbeat_below_ttl(self) -> GuardConfig:
+        if self.heartbeat_s is not None and self.heartbeat_s >= self.lease_ttl_s:
+            raise ValueError(
+                f"heartbeat_s ({self.heartbeat_s}) must be smaller than lease_ttl_s "
+                f"({self.lease_ttl_s}): lower heartbeat_s or raise lease_ttl_s"
+            )
+        return self
+
+    @property
+    def heartbeat_period_s(self) -> float:
+        """The renewal period in force: ``heartbeat_s`` or ``lease_ttl_s / 3``."""
+        return self.heartbeat_s if self.heartbeat_s is not None else self.lease_ttl_s / 3
+
+    def merged(self, overrides: dict[str, Any] | GuardConfig | None) -> GuardConfig:
+        """This config with a tool's explicit overrides applied (validated)."""
+        if overrides is None:
+            return self
+        if isinstance(overrides, GuardConfig):
+            overrides = overrides.model_dump(exclude_unset=True)
+        return build_config({**self.model_dump(exclude_unset=True), **overrides})
+
+
+def _describe(error: ValidationError, where: str) -> str:
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(p) for p in item["loc"]) or "(config)"
+        got = item.get("input")
+        msg = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            known = ", ".join(GuardConfig.model_fields)
+            msg = f"unknown guard option {field!r}; the options are: {known}"
+            lines.append(f"{where}.{field}: {msg}")
+            continue
+        hint = f" (got {got!r})" if not isinstance(got, dict) else ""
+        lines.append(f"{where}.{field}: {msg}{hint}")
+    return "invalid guard configuration:\n  " + "\n  ".join(lines)
+
+
+def build_config(data: dict[str, Any], *, where: str = "guard") -> GuardConfig:
+    """Validate ``data`` as a GuardConfig, raising a ConfigError that names each field."""
+    try:
+        return GuardConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e, where)) from e
+
+
+def validate_overrides(overrides: dict[str, Any] | GuardConfig | None) -> dict[str, Any]:
+    """Check a tool's own overrides at definition time and return them as a dict.
+
+    Each value is validated, and so is any combination within the overrides
+    themselves; a conflict with the handler default is left to ``attach()``.
+    """
+    if overrides is None:
+        return {}
+    if isinstance(overrides, GuardConfig):
+        return overrides.model_dump(exclude_unset=True)
+    if not isinstance(overrides, dict):
+        raise ConfigError(
+            f"guard: expected a dict or GuardConfig, got {type(overrides).__name__}; "
+            "write guard={'max_attempts': 1}, for example"
+        )
+    data = dict(overrides)
+    probe = dict(data)
+    if "heartbeat_s" in probe and "lease_ttl_s" not in probe:
+        # The TTL comes later from the handler; check the heartbeat's own constraints only.
+        probe["lease_ttl_s"] = float("inf")
+    build_config(probe)
+    return data
+
+
+def parse_delivery(value: str | Delivery | None) -> Delivery | None:
+    if value is None:
+        return None
+    try:
+        return Delivery(value)
+    except ValueError:
+        choices = " or ".join(repr(d.value) for d in Delivery)
+        raise ConfigError(
+            f"delivery: {value!r} is not a delivery policy; use {choices}"
+        ) from None

@@ -1,0 +1,93 @@
+"""The one exception tree of aaa_celery.
+
+Every error the library raises derives from :class:`AAACeleryError`. The tool
+failures (:class:`ToolError` and its children) travel through Celery's JSON
+result serialization, so each one is constructible from its message alone;
+extra context is keyword-only and optional.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AAACeleryError(Exception):
+    """An aaa_celery error."""
+
+    def __init__(self, message: str | None = None, **context: Any) -> None:
+        super().__init__(message or (type(self).__doc__ or "").strip().splitlines()[0])
+        for key, value in context.items():
+            setattr(self, key, value)
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ConfigError(AAACeleryError, ValueError):
+    """Invalid guard or tool configuration."""
+
+
+class ToolError(AAACeleryError):
+    """A tool failed cleanly; the message is meant for the model."""
+
+
+class ToolArgsError(ToolError):
+    """The arguments of a tool call do not match the tool's schema."""
+
+
+class ToolTimeout(ToolError):
+    """The tool body ran longer than the tool's timeout_s."""
+
+
+class OutcomeUnknown(ToolError):
+    """The action may already have happened: verify its effect, do not blindly retry it."""
+
+
+class ExecutionAbandoned(ToolError):
+    """The call kept losing its worker and reached max_attempts; it was abandoned."""
+
+
+class ApprovalDenied(ToolError):
+    """A person denied this call."""
+
+
+class StoreError(AAACeleryError):
+    """The lease and attempt-log store failed."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached; nothing was run or recorded."""
+
+
+class UnsafeDeployment(StoreError):
+    """The store's deployment cannot keep the guarantees (e.g. a transaction-pooling proxy)."""
+
+
+class LeaseLost(AAACeleryError):
+    """This worker lost the call's lease; another attempt may be running."""
+
+
+OUTCOME_UNKNOWN_MESSAGE = (
+    "The outcome of this action is unknown: the worker running it was lost after the "
+    "action started, so it may or may not have taken effect. Do not simply retry it: "
+    "verify first (look the effect up), then decide."
+)
+
+ABANDONED_MESSAGE = (
+    "The call was abandoned after {attempts} attempts: each attempt lost its worker "
+    "(crash or stall). It may have taken effect partially; verify before retrying."
+)
+
+#: Error types that a recorded outcome may name, for mapping back to exceptions.
+TOOL_ERRORS: dict[str, type[ToolError]] = {
+    cls.__name__: cls
+    for cls in (
+        ToolError,
+        ToolArgsError,
+        ToolTimeout,
+        OutcomeUnknown,
+        ExecutionAbandoned,
+        ApprovalDenied,
+    )
+}

@@ -1,0 +1,42 @@
+"""Lease and attempt-log backends, selected by URL with :func:`open_store`."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from typing import Any
+
+from ..errors import ConfigError
+from .base import Store
+
+#: URL scheme -> "module:Class", imported only when used so drivers stay optional.
+BACKENDS: dict[str, str] = {
+    "memory": "aaa_celery.stores.memory:MemoryStore",
+    "redis": "aaa_celery.stores.redis:RedisStore",
+    "rediss": "aaa_celery.stores.redis:RedisStore",
+    "postgresql": "aaa_celery.stores.postgres:PostgresStore",
+    "postgresql+psycopg": "aaa_celery.stores.postgres:PostgresStore",
+    "sqlite": "aaa_celery.stores.sqlite:SQLiteStore",
+}
+
+
+def backend_for(url: str) -> type[Store]:
+    """The store class for ``url``'s scheme, with a "did you mean" error for a typo."""
+    scheme = url.partition("://")[0].lower() if "://" in url else url.partition(":")[0].lower()
+    target = BACKENDS.get(scheme)
+    if target is None:
+        close = difflib.get_close_matches(scheme, BACKENDS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        known = ", ".join(f"{s}://" for s in BACKENDS)
+        raise ConfigError(f"store url: unknown scheme {scheme!r} in {url!r}{hint} Known: {known}")
+    module, _, cls = target.partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def open_store(url: str, **options: Any) -> Store:
+    """Open the store at ``url``: ``memory://``, ``redis://…``, ``postgresql+psycopg://…``,
+    or ``sqlite:///path``."""
+    return backend_for(url)(url, **options)
+
+
+__all__ = ["BACKENDS", "Store", "backend_for", "open_store"]

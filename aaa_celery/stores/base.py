@@ -1,0 +1,112 @@
+"""The store interface: the only thing the guard asks of a backend.
+
+A store makes five things atomic and durable: claiming the lease (with the
+numbered attempt record), renewing it, recording the one result, fencing a
+stale result, and recording a fenced attempt. The decisions themselves live
+in :mod:`aaa_celery.lifecycle`; a store reads a call's state and applies them.
+"""
+
+from __future__ import annotations
+
+import abc
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ..config import GuardConfig
+from ..errors import StoreUnavailable
+from ..lifecycle import BeginResult, CallSpec, Event, FinishResult, Lease, Outcome
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex
+
+
+class Store(abc.ABC):
+    """Lease and attempt log of tool calls.
+
+    ``worker`` arguments are free-form holder names (``hostname/pid``). Times are
+    seconds; a store may use its server's clock. ``expires_at`` values are only
+    comparable with the same store's ``now()``.
+    """
+
+    #: A human name for messages ("redis", "postgresql", ...).
+    kind: str = "store"
+    #: Whether a lease lapses after its TTL (False: bound to a live session).
+    ttl_leases: bool = True
+
+    @abc.abstractmethod
+    def begin(self, call: CallSpec, worker: str, config: GuardConfig) -> BeginResult:
+        """Claim the call for a new attempt, or say why not.
+
+        On ``Claimed`` the ``aaa.tool.started`` event ``<call>:attempt:<n>`` is
+        durable before this returns. On ``Refused`` the failure is recorded as the
+        call's one result. The call's ``request`` is stored for recovery.
+        """
+
+    @abc.abstractmethod
+    def renew(self, lease: Lease) -> bool:
+        """Extend the lease by its TTL; False if this lease no longer holds the call."""
+
+    @abc.abstractmethod
+    def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
+        """Record ``outcome`` as the call's result, first writer wins, and free the lease.
+
+        With ``config.fence_results`` a result from an attempt that a newer one
+        superseded is kept only as an ``aaa.tool.stale_result`` event. Retrying a
+        ``finish`` whose first write landed returns ``Accepted`` and writes nothing.
+        """
+
+    @abc.abstractmethod
+    def release(self, lease: Lease) -> None:
+        """Give the lease back without a result (the attempt counts as lost)."""
+
+    @abc.abstractmethod
+    def fenced(self, lease: Lease) -> None:
+        """Record ``aaa.tool.fenced`` for an attempt that lost its lease and was cancelled."""
+
+    @abc.abstractmethod
+    def events(self, call_id: str) -> list[Event]:
+        """The call's audit trail, oldest first."""
+
+    @abc.abstractmethod
+    def result(self, call_id: str) -> Outcome | None:
+        """The call's recorded result, if it has one."""
+
+    @abc.abstractmethod
+    def register(self, call: CallSpec) -> None:
+        """Remember a call at publish time, so recovery finds it even if the broker loses it.
+
+        Registering a call that is already known changes nothing.
+        """
+
+    @abc.abstractmethod
+    def expired(self, now: float | None = None, unclaimed_grace_s: float = 60.0) -> list[CallSpec]:
+        """Calls to bring back: running without a result whose lease lapsed, and
+        calls registered more than ``unclaimed_grace_s`` ago that were never claimed."""
+
+    @abc.abstractmethod
+    def claim_recovery(self, call_id: str, worker: str, hold_s: float) -> bool:
+        """Take the right to republish a call once; True for exactly one caller per ``hold_s``."""
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The store's clock, in seconds."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Free connections."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextmanager
+def wrap_errors(kind: str, *errors: type[BaseException]) -> Iterator[None]:
+    """Turn a driver's connection errors into StoreUnavailable, keeping the cause."""
+    try:
+        yield
+    except errors as e:
+        raise StoreUnavailable(f"{kind} store unavailable: {e}") from e
