@@ -1,0 +1,14 @@
+-- register.lua: remember a call at publish time, so recovery finds it if the broker loses it.
+--
+-- KEYS: the call keys of _lib.lua.
+-- ARGV[1] call id     ARGV[2] CallSpec JSON     ARGV[3] name     ARGV[4] idempotency key
+-- ARGV[5] "1" if the spec has a request
+-- Touches: spec (created, or given the request it lacked); unclaimed for a new call.
+-- Returns 1 for a new call, 0 for a known one.
+
+if not ensure_spec(ARGV[2], ARGV[3], ARGV[4], ARGV[5]) then
+  return 0
+end
+local now = clock()
+redis.call('ZADD', UNCLAIMED, 'NX', now, CALL)
+return 1
