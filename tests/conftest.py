@@ -1,0 +1,121 @@
+"""Session servers for the whole suite: Redis and PostgreSQL, started once, on demand.
+
+Fixtures:
+- ``redis_server`` / ``postgres_server`` (session): a running server (``.url``,
+  ``.restart()``, ``.stop()``), started the first time a test asks for it.
+- ``redis_url`` / ``postgres_url`` (per test): the server's URL, with the Redis db
+  flushed and the ``aaa_*`` tables dropped before the test, so every test starts clean.
+
+A test that needs a server SKIPS when the server is not installed here, and FAILS
+when ``CI=true``: CI must never pass by skipping. ``AAA_TEST_REDIS_URL`` and
+``AAA_TEST_POSTGRES_URL`` point the fixtures at a server you run yourself (its db is
+flushed and its aaa_* tables dropped, so give the tests their own).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from .servers import PostgresServer, RedisServer, ServerUnavailable, libpq_url
+
+Server = RedisServer | PostgresServer
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def unavailable(reason: str) -> None:
+    """Skip the test locally; fail it under ``CI=true``."""
+    if in_ci():
+        pytest.fail(f"{reason} (CI=true: a missing server is a failure, not a skip)", pytrace=False)
+    pytest.skip(reason)
+
+
+def _serve(kind: type[Server]) -> Iterator[Server]:
+    server = kind.from_env()
+    if server is not None:
+        yield server
+        return
+    try:
+        server = kind.start()
+    except ServerUnavailable as e:
+        unavailable(str(e))
+    atexit.register(server.stop)  # a safety net if the session dies before teardown
+    try:
+        yield server
+    finally:
+        server.stop()
+        atexit.unregister(server.stop)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    yield from _serve(RedisServer)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    yield from _serve(PostgresServer)
+
+
+def _redis_client(url: str):
+    try:
+        import redis
+    except ImportError:
+        unavailable("the redis driver is not installed (pip install -e '.[dev]')")
+    return redis.Redis.from_url(url)
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The session server's URL, its db flushed for this test."""
+    client = _redis_client(redis_server.url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+    return redis_server.url
+
+
+def _psycopg():
+    try:
+        import psycopg
+    except ImportError:
+        unavailable("psycopg is not installed (pip install -e '.[dev]' or '.[postgres]')")
+    return psycopg
+
+
+def clean_postgres(url: str) -> None:
+    """End every other session on the database (freeing its advisory locks), then drop
+    the ``aaa_*`` tables, views and sequences and ``aaa*`` schemas: a clean start."""
+    psycopg = _psycopg()
+    with psycopg.connect(libpq_url(url), autocommit=True) as con:
+        con.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        con.execute("SET lock_timeout = '10s'")
+        rows = con.execute(
+            "SELECT n.nspname, c.relname, c.relkind FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE c.relname LIKE 'aaa%' AND c.relkind IN ('r', 'p', 'v', 'S')"
+            " AND n.nspname NOT IN ('pg_catalog', 'information_schema')"
+        ).fetchall()
+        what = {"r": "TABLE", "p": "TABLE", "v": "VIEW", "S": "SEQUENCE"}
+        for schema, name, kind in rows:
+            con.execute(f'DROP {what[kind]} IF EXISTS "{schema}"."{name}" CASCADE')
+        schemas = con.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'aaa%'")
+        for (schema,) in schemas.fetchall():
+            con.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """The session server's URL, with no aaa_* tables and no other sessions left."""
+    clean_postgres(postgres_server.url)
+    return postgres_server.url

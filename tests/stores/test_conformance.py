@@ -1,0 +1,521 @@
+"""The store conformance suite: every case runs on every backend.
+
+A store only makes the lifecycle's decisions atomic (DESIGN.md §2-3), so each case
+here states one guarantee of the call lifecycle and checks that memory, redis,
+postgresql and sqlite keep it alike. Workers are separate store instances from
+``store_factory``; a lost lease is ``lose_lease`` (TTL lapse, or a killed session).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import pytest
+
+from aaa_celery.config import Delivery, GuardConfig
+from aaa_celery.lifecycle import (
+    COMPLETED,
+    FAILED,
+    FENCED,
+    STALE_RESULT,
+    STARTED,
+    Accepted,
+    Busy,
+    CallSpec,
+    Claimed,
+    Finished,
+    Outcome,
+    Refused,
+    Stale,
+)
+
+SHORT_TTL_S = 0.3
+LONG_TTL_S = 30.0
+
+
+def new_call(name: str = "refund") -> CallSpec:
+    call_id = f"call-{uuid.uuid4().hex[:12]}"
+    return CallSpec(
+        call_id, name=name, idempotency_key=f"key/{call_id}",
+        request={"task": f"tools.{name}", "args": [], "kwargs": {"order": 7}, "queue": "tools"},
+    )
+
+
+def config(**overrides) -> GuardConfig:
+    return GuardConfig(**{"lease_ttl_s": LONG_TTL_S, **overrides})
+
+
+def claim(store, call: CallSpec, worker: str, cfg: GuardConfig) -> Claimed:
+    got = store.begin(call, worker, cfg)
+    assert isinstance(got, Claimed), f"{worker} expected to claim {call.call_id}, got {got!r}"
+    return got
+
+
+def trail(store, call_id: str) -> list[tuple[str, str, int]]:
+    return [(e.type, e.id, e.attempt) for e in store.events(call_id)]
+
+
+def started_attempts(store, call_id: str) -> list[int]:
+    return [e.attempt for e in store.events(call_id) if e.type == STARTED]
+
+
+def superseded(store_factory, lose_lease, cfg: GuardConfig):
+    """A's attempt 1 lost its lease and B took the call over as attempt 2.
+
+    Returns the two workers' stores, the call, and A's (old) and B's (new) leases."""
+    a, b = store_factory(), store_factory()
+    call = new_call()
+    old = claim(a, call, "worker-a", cfg.model_copy(update={"lease_ttl_s": SHORT_TTL_S})).lease
+    lose_lease(a, old)
+    new = claim(b, call, "worker-b", cfg).lease
+    return a, b, call, old, new
+
+
+# --- begin ------------------------------------------------------------------------------
+
+
+def test_begin_claims_attempt_1_and_records_started_event_durably(store_factory):
+    # Given a call nobody has seen
+    worker_a, reader = store_factory(), store_factory()
+    call, cfg = new_call(), config()
+
+    # When a worker begins it
+    got = worker_a.begin(call, "worker-a", cfg)
+
+    # Then it holds attempt 1, fenced by 1
+    assert isinstance(got, Claimed)
+    lease = got.lease
+    assert (lease.call_id, lease.attempt, lease.fence) == (call.call_id, 1, 1)
+    assert lease.worker == "worker-a"
+    assert lease.token and lease.ttl_s == cfg.lease_ttl_s
+    if worker_a.ttl_leases:
+        assert lease.expires_at == pytest.approx(worker_a.now() + cfg.lease_ttl_s, abs=2.0)
+    # And the started event is already visible to another worker, with the spec's id and data
+    [event] = reader.events(call.call_id)
+    assert (event.type, event.id, event.attempt) == (STARTED, f"{call.call_id}:attempt:1", 1)
+    assert event.call_id == call.call_id
+    assert event.data == {
+        "call_id": call.call_id, "name": "refund", "attempt": 1,
+        "worker": "worker-a", "idempotency_key": call.idempotency_key,
+    }
+    assert reader.result(call.call_id) is None
+
+
+def test_begin_while_held_is_busy_and_records_nothing(store_factory):
+    # Given worker A holds a call
+    a, b = store_factory(), store_factory()
+    call, cfg = new_call(), config()
+    claim(a, call, "worker-a", cfg)
+
+    # When worker B receives the same call
+    got = b.begin(call, "worker-b", cfg)
+
+    # Then B is told who holds it, and no attempt 2 exists
+    assert isinstance(got, Busy)
+    assert got.holder == "worker-a"
+    if a.ttl_leases:
+        assert got.expires_at is not None and got.expires_at > b.now()
+    assert started_attempts(b, call.call_id) == [1]
+
+
+def test_lost_lease_is_taken_over_as_attempt_2(store_factory, lose_lease):
+    # Given worker A's lease on a call lapses (TTL passes, or A's session dies)
+    a, b = store_factory(), store_factory()
+    call, cfg = new_call(), config(lease_ttl_s=SHORT_TTL_S)
+    lease = claim(a, call, "worker-a", cfg).lease
+    lose_lease(a, lease)
+
+    # When worker B receives the call
+    got = b.begin(call, "worker-b", cfg)
+
+    # Then B claims attempt 2, recorded as B's
+    assert isinstance(got, Claimed)
+    assert (got.attempt, got.lease.fence, got.lease.worker) == (2, 2, "worker-b")
+    assert got.lease.token != lease.token
+    started = [e for e in b.events(call.call_id) if e.type == STARTED]
+    assert [(e.id, e.data["worker"]) for e in started] == [
+        (f"{call.call_id}:attempt:1", "worker-a"),
+        (f"{call.call_id}:attempt:2", "worker-b"),
+    ]
+
+
+def test_at_least_once_runs_max_attempts_then_refuses_execution_abandoned(
+    store_factory, lose_lease
+):
+    # Given an at_least_once call that loses every attempt's worker
+    call = new_call()
+    cfg = config(lease_ttl_s=SHORT_TTL_S, delivery=Delivery.AT_LEAST_ONCE, max_attempts=3)
+    for n in (1, 2, 3):
+        worker = store_factory()
+        got = claim(worker, call, f"worker-{n}", cfg)
+        assert got.attempt == n
+        lose_lease(worker, got.lease)
+
+    # When the call is delivered once more
+    store = store_factory()
+    got = store.begin(call, "worker-4", cfg)
+
+    # Then it is refused as ExecutionAbandoned, which becomes its one recorded result
+    assert isinstance(got, Refused)
+    assert (got.result.ok, got.result.error) == (False, "ExecutionAbandoned")
+    assert store.result(call.call_id) == got.result
+    assert started_attempts(store, call.call_id) == [1, 2, 3]
+    assert [t for t, _, _ in trail(store, call.call_id)] == [STARTED] * 3 + [FAILED]
+    # And any later delivery just finds the failure
+    again = store_factory().begin(call, "worker-5", cfg)
+    assert isinstance(again, Finished) and again.result == got.result
+
+
+def test_at_most_once_lost_attempt_is_outcome_unknown_never_attempt_2(store_factory, lose_lease):
+    # Given an at_most_once call whose only attempt lost its worker
+    a = store_factory()
+    call = new_call("send_payment")
+    cfg = config(lease_ttl_s=SHORT_TTL_S, delivery=Delivery.AT_MOST_ONCE, max_attempts=5)
+    lose_lease(a, claim(a, call, "worker-a", cfg).lease)
+
+    # When the call is delivered again
+    b = store_factory()
+    got = b.begin(call, "worker-b", cfg)
+
+    # Then it is refused as OutcomeUnknown and never runs again
+    assert isinstance(got, Refused)
+    assert (got.result.ok, got.result.error) == (False, "OutcomeUnknown")
+    assert b.result(call.call_id) == got.result
+    again = store_factory().begin(call, "worker-c", cfg)
+    assert isinstance(again, Finished) and again.result.error == "OutcomeUnknown"
+    assert started_attempts(b, call.call_id) == [1]
+
+
+def test_release_counts_as_a_lost_attempt(store_factory):
+    # Given worker A gives back its lease without a result
+    a, b = store_factory(), store_factory()
+    call, cfg = new_call(), config()
+    lease = claim(a, call, "worker-a", cfg).lease
+    a.release(lease)
+
+    # When the call is delivered again
+    got = b.begin(call, "worker-b", cfg)
+
+    # Then attempt 1 is spent: at_least_once runs attempt 2 at once...
+    assert isinstance(got, Claimed) and got.attempt == 2
+    # ...and at_most_once refuses
+    other = new_call()
+    strict = config(delivery=Delivery.AT_MOST_ONCE)
+    a.release(claim(a, other, "worker-a", strict).lease)
+    refused = b.begin(other, "worker-b", strict)
+    assert isinstance(refused, Refused) and refused.result.error == "OutcomeUnknown"
+
+
+# --- finish -----------------------------------------------------------------------------
+
+
+def test_finish_records_the_first_result_and_later_results_lose(store_factory):
+    # Given worker A finished its call
+    a, b = store_factory(), store_factory()
+    call, cfg = new_call(), config()
+    lease = claim(a, call, "worker-a", cfg).lease
+    first = a.finish(lease, Outcome.success({"refund": "r-1"}), cfg)
+    assert isinstance(first, Accepted)
+    assert first.result == Outcome.success({"refund": "r-1"}, attempt=1)
+
+    # When a different outcome arrives for the same call
+    second = a.finish(lease, Outcome.failure("ToolError", "boom"), cfg)
+
+    # Then the first result stays the call's one result
+    assert isinstance(second, Stale) and second.current == first.result
+    assert b.result(call.call_id) == first.result
+    results = [e for e in b.events(call.call_id) if e.type in (COMPLETED, FAILED)]
+    assert [(e.type, e.id) for e in results] == [(COMPLETED, f"{call.call_id}:result")]
+    assert results[0].data == {
+        "call_id": call.call_id, "name": "refund", "attempt": 1, "value": {"refund": "r-1"},
+    }
+
+
+def test_retried_finish_of_the_same_outcome_is_accepted_once(store_factory):
+    # Given a finish whose write landed (the worker did not hear back, say)
+    a, b = store_factory(), store_factory()
+    call, cfg = new_call(), config()
+    lease = claim(a, call, "worker-a", cfg).lease
+    outcome = Outcome.failure("ToolError", "card declined")
+    first = a.finish(lease, outcome, cfg)
+
+    # When the worker retries the same finish, from another connection too
+    again = a.finish(lease, outcome, cfg)
+    again_elsewhere = b.finish(lease, outcome, cfg)
+
+    # Then each is Accepted with the same result, and nothing is written twice
+    assert isinstance(first, Accepted)
+    assert again == first and again_elsewhere == first
+    assert trail(b, call.call_id) == [
+        (STARTED, f"{call.call_id}:attempt:1", 1),
+        (FAILED, f"{call.call_id}:result", 1),
+    ]
+    assert b.result(call.call_id) == Outcome.failure("ToolError", "card declined", attempt=1)
+
+
+def test_redelivery_after_completion_returns_finished(store_factory):
+    # Given a completed call
+    a, b = store_factory(), store_factory()
+    call, cfg = new_call(), config()
+    a.finish(claim(a, call, "worker-a", cfg).lease, Outcome.success(42), cfg)
+
+    # When the broker delivers it again
+    got = b.begin(call, "worker-b", cfg)
+
+    # Then the recorded result comes back and no attempt starts
+    assert isinstance(got, Finished)
+    assert got.result == Outcome.success(42, attempt=1)
+    assert started_attempts(b, call.call_id) == [1]
+
+
+def test_stale_result_is_fenced_and_audited(store_factory, lose_lease):
+    # Given A's attempt 1 was superseded by B's attempt 2
+    cfg = config()
+    a, b, call, old, new = superseded(store_factory, lose_lease, cfg)
+
+    # When A's late result arrives
+    late = a.finish(old, Outcome.success("from-a"), cfg)
+
+    # Then it is not applied, only kept as aaa.tool.stale_result
+    assert isinstance(late, Stale) and late.current is None
+    assert b.result(call.call_id) is None
+    [stale] = [e for e in b.events(call.call_id) if e.type == STALE_RESULT]
+    assert (stale.id, stale.attempt) == (f"{call.call_id}:attempt:1:stale", 1)
+    assert stale.data["value"] == "from-a"
+    # And B's result becomes the one result
+    done = b.finish(new, Outcome.success("from-b"), cfg)
+    assert isinstance(done, Accepted) and done.result == Outcome.success("from-b", attempt=2)
+    assert b.result(call.call_id) == done.result
+
+
+def test_without_fencing_the_first_finisher_wins(store_factory, lose_lease):
+    # Given fence_results=False and A's attempt 1 superseded by B's attempt 2
+    cfg = config(fence_results=False)
+    a, b, call, old, new = superseded(store_factory, lose_lease, cfg)
+
+    # When A (stale) finishes first, then B
+    first = a.finish(old, Outcome.success("from-a"), cfg)
+    second = b.finish(new, Outcome.success("from-b"), cfg)
+
+    # Then A's result is the one result and B's is kept only for audit
+    assert isinstance(first, Accepted) and first.result == Outcome.success("from-a", attempt=1)
+    assert isinstance(second, Stale) and second.current == first.result
+    assert b.result(call.call_id) == first.result
+    types = [t for t, _, _ in trail(b, call.call_id)]
+    assert types == [STARTED, STARTED, COMPLETED, STALE_RESULT]
+
+
+# --- renew, fenced, the audit trail -----------------------------------------------------
+
+
+def test_renew_holds_the_lease_until_a_takeover_then_fails(store_factory, lose_lease):
+    # Given A holds a call and heartbeats
+    a, b = store_factory(), store_factory()
+    call, cfg = new_call(), config(lease_ttl_s=SHORT_TTL_S)
+    old = claim(a, call, "worker-a", cfg).lease
+    assert a.renew(old) is True
+    if a.ttl_leases:
+        # renewing keeps it past its first TTL
+        time.sleep(SHORT_TTL_S * 0.5)
+        assert a.renew(old) is True
+        time.sleep(SHORT_TTL_S * 0.5)
+        assert isinstance(b.begin(call, "worker-b", cfg), Busy)
+
+    # When A's lease lapses and B takes the call over
+    lose_lease(a, old)
+    new = claim(b, call, "worker-b", config()).lease
+
+    # Then A's heartbeat fails while B's holds
+    assert a.renew(old) is False
+    assert b.renew(new) is True
+
+
+def test_events_tell_the_story_in_order_with_the_spec_ids(store_factory, lose_lease):
+    # Given attempt 1 lost its lease, attempt 2 took over, and A then cancelled its tool
+    cfg = config()
+    a, b, call, old, new = superseded(store_factory, lose_lease, cfg)
+    a.fenced(old)
+
+    # When B completes the call and A's cancelled attempt reports again
+    b.finish(new, Outcome.success("ok"), cfg)
+    a.fenced(old)
+
+    # Then the trail lists each fact once, oldest first, with the spec's types and ids
+    cid = call.call_id
+    assert trail(b, cid) == [
+        (STARTED, f"{cid}:attempt:1", 1),
+        (STARTED, f"{cid}:attempt:2", 2),
+        (FENCED, f"{cid}:attempt:1:fenced", 1),
+        (COMPLETED, f"{cid}:result", 2),
+    ]
+    events = b.events(cid)
+    assert all(e.call_id == cid for e in events)
+    assert [e.at for e in events] == sorted(e.at for e in events)
+    assert events[2].data == {"call_id": cid, "attempt": 1, "worker": "worker-a"}
+    assert b.events(f"call-never-seen-{uuid.uuid4().hex}") == []
+
+
+# --- recovery ---------------------------------------------------------------------------
+
+
+def test_expired_lists_exactly_the_lapsed_and_the_long_unclaimed_calls(store_factory, lose_lease):
+    # Given one call of each kind
+    a, b, c = store_factory(), store_factory(), store_factory()
+    lapsed, released, live, done, registered = (new_call() for _ in range(5))
+    short = config(lease_ttl_s=SHORT_TTL_S)
+    lose_lease(a, claim(a, lapsed, "worker-a", short).lease)  # lost first: see lose_lease
+    b.release(claim(b, released, "worker-b", config()).lease)
+    claim(c, live, "worker-c", config())
+    c.finish(claim(c, done, "worker-c", config()).lease, Outcome.success(1), config())
+    b.register(registered)
+    b.register(lapsed)  # registering a known call changes nothing
+
+    # When recovery (on a worker whose session is intact) looks within the unclaimed grace
+    found = {s.call_id: s for s in c.expired(unclaimed_grace_s=3600)}
+
+    # Then it finds the lapsed and the released calls, with their requests
+    assert set(found) == {lapsed.call_id, released.call_id}
+    assert found[lapsed.call_id].request == lapsed.request
+    assert found[lapsed.call_id].name == lapsed.name
+    # And past the grace, also the registered call nobody claimed
+    time.sleep(0.05)
+    later = {s.call_id for s in b.expired(unclaimed_grace_s=0.01)}
+    assert later == {lapsed.call_id, released.call_id, registered.call_id}
+
+
+def test_claim_recovery_is_won_by_exactly_one_caller(store_factory):
+    # Given a lapsed call and 8 recovery loops, each with its own store
+    call = new_call()
+    stores = [store_factory() for _ in range(8)]
+    stores[0].register(call)
+    barrier = threading.Barrier(len(stores))
+    wins: list[bool] = [False] * len(stores)
+
+    # When they all try to claim the right to republish it at once
+    def race(i: int) -> None:
+        barrier.wait()
+        wins[i] = stores[i].claim_recovery(call.call_id, f"worker-{i}", 30.0)
+
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+
+    # Then exactly one wins, and nobody else can while its hold lasts
+    assert sum(wins) == 1
+    assert stores[1].claim_recovery(call.call_id, "worker-late", 30.0) is False
+
+
+# --- concurrency ------------------------------------------------------------------------
+
+N_THREADS = 8
+N_CALLS = 200
+
+
+@dataclass
+class Log:
+    """What the racing workers saw, in the test's own monotonic clock."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: call -> [(attempt, t_before_begin, t_claimed, t_let_go)]; t_let_go None: abandoned
+    claims: dict[str, list[tuple[int, float, float, float | None]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    accepted: dict[str, list[Outcome]] = field(default_factory=lambda: defaultdict(list))
+    errors: list[BaseException] = field(default_factory=list)
+
+
+def _work(store, calls: list[CallSpec], cfg: GuardConfig, seed: int, log: Log, deadline: float):
+    rng = random.Random(seed)
+    pending = list(calls)
+    while pending:
+        assert time.monotonic() < deadline, f"worker {seed}: {len(pending)} calls never finished"
+        rng.shuffle(pending)
+        progress = False
+        for call in list(pending):
+            t0 = time.monotonic()
+            got = store.begin(call, f"w{seed}", cfg)
+            if isinstance(got, (Finished, Refused)):
+                pending.remove(call)
+                progress = True
+                continue
+            if isinstance(got, Busy):
+                continue
+            t1 = time.monotonic()
+            progress = True
+            time.sleep(rng.uniform(0, 0.003))
+            roll = rng.random()
+            if roll < 0.05 and store.ttl_leases:
+                with log.lock:  # abandon it, as a frozen worker would: the TTL takes it back
+                    log.claims[call.call_id].append((got.attempt, t0, t1, None))
+                continue
+            t2 = time.monotonic()
+            with log.lock:
+                log.claims[call.call_id].append((got.attempt, t0, t1, t2))
+            if roll < 0.25:
+                store.release(got.lease)
+            else:
+                outcome = Outcome.success(f"{call.call_id}@{got.attempt}")
+                done = store.finish(got.lease, outcome, cfg)
+                if isinstance(done, Accepted):
+                    with log.lock:
+                        log.accepted[call.call_id].append(done.result)
+        if not progress:
+            time.sleep(0.01)
+
+
+def test_concurrent_workers_never_overlap_and_record_one_result(store_factory, backend):
+    # Given 8 workers, each with its own store, and 200 calls they all receive;
+    # they release some attempts and (TTL stores) abandon others, forcing takeovers
+    stores = [store_factory() for _ in range(N_THREADS)]
+    ttl = SHORT_TTL_S if stores[0].ttl_leases else LONG_TTL_S
+    cfg = config(lease_ttl_s=ttl, max_attempts=100)
+    calls = [new_call(f"tool{i % 7}") for i in range(N_CALLS)]
+    log = Log()
+    deadline = time.monotonic() + 180
+
+    # When they race begin/finish/release over the same calls
+    def run(i: int) -> None:
+        try:
+            _work(stores[i], calls, cfg, seed=i, log=log, deadline=deadline)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            log.errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"w{i}") for i in range(N_THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(200)
+    assert not log.errors, log.errors
+    assert not any(t.is_alive() for t in threads)
+
+    reader = store_factory()
+    for call in calls:
+        cid = call.call_id
+        claims = sorted(log.claims[cid], key=lambda c: c[0])
+        # Then every call has exactly one result, written once
+        result = reader.result(cid)
+        assert result is not None, cid
+        events = reader.events(cid)
+        assert sum(e.type in (COMPLETED, FAILED) for e in events) == 1, trail(reader, cid)
+        if log.accepted[cid]:
+            assert log.accepted[cid] == [result]
+        # And the attempts are contiguous from 1, each claimed exactly once, in order
+        started = [e for e in events if e.type == STARTED]
+        attempts = [e.attempt for e in started]
+        assert attempts == list(range(1, len(started) + 1)), (cid, attempts)
+        assert [e.id for e in started] == [f"{cid}:attempt:{n}" for n in attempts]
+        assert [c[0] for c in claims] == attempts, (cid, claims)
+        # And no claim was granted while the previous one still surely held the call:
+        # a lease lives at least until it is let go, or until t_before_begin + TTL
+        for (n, t0, _, let_go), (_, _, t1_next, _) in zip(claims, claims[1:], strict=False):
+            held_until = t0 + ttl - 0.02
+            if let_go is not None:
+                held_until = min(held_until, let_go)
+            assert t1_next >= held_until, f"{cid}: attempt {n + 1} claimed while {n} held"
