@@ -1,0 +1,375 @@
+"""What the SQL stores share: the tables, every statement by name, and the logic.
+
+:class:`SQLStore` reads a call's row under a row lock inside a write
+transaction, asks :mod:`aaa_celery.lifecycle` what to do, and applies the
+answer before it commits. The two backends differ only in what makes a lease
+live: a TTL column for SQLite (:mod:`.sqlite`), a session-level advisory lock
+on a dedicated connection for PostgreSQL (:mod:`.postgres`).
+
+Tables:
+
+``aaa_calls``
+    One row a call: its spec (how to republish it), the attempt counter (the
+    fence), when it was registered, the current lease (token, worker, attempt,
+    expiry) and until when its recovery is claimed.
+``aaa_results``
+    The one result of a call, ever: ``call_id`` is the primary key.
+``aaa_events``
+    The audit trail; ``id`` orders it and ``event_id`` makes each event unique.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Row
+
+from ..config import GuardConfig
+from ..lifecycle import (
+    FENCED,
+    STALE_RESULT,
+    STARTED,
+    Accepted,
+    BeginResult,
+    Busy,
+    CallSpec,
+    CallState,
+    Claimed,
+    Event,
+    Finished,
+    FinishResult,
+    Lease,
+    Outcome,
+    Refused,
+    Stale,
+    decide_begin,
+    decide_finish,
+    event_id,
+    fenced_data,
+    result_data,
+    stamped,
+    started_data,
+)
+from .base import Store
+
+metadata = sa.MetaData()
+
+calls = sa.Table(
+    "aaa_calls",
+    metadata,
+    sa.Column("call_id", sa.String, primary_key=True),
+    sa.Column("spec", sa.JSON, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),
+    sa.Column("registered_at", sa.Double, nullable=False),
+    sa.Column("lease_token", sa.String),
+    sa.Column("lease_worker", sa.String),
+    sa.Column("lease_attempt", sa.Integer),
+    sa.Column("lease_expires_at", sa.Double),
+    sa.Column("recovery_until", sa.Double, nullable=False, default=0.0),
+)
+
+results = sa.Table(
+    "aaa_results",
+    metadata,
+    sa.Column("call_id", sa.String, primary_key=True),
+    sa.Column("outcome", sa.JSON, nullable=False),
+    sa.Column("recorded_at", sa.Double, nullable=False),
+)
+
+events = sa.Table(
+    "aaa_events",
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("event_id", sa.String, nullable=False, unique=True),
+    sa.Column("call_id", sa.String, nullable=False, index=True),
+    sa.Column("type", sa.String, nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("data", sa.JSON, nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
+)
+
+#: ``insert`` of a dialect that has ``on_conflict_do_nothing`` (postgresql, sqlite).
+Insert = Callable[[sa.Table], Any]
+
+_NO_LEASE = {"lease_token": None, "lease_worker": None, "lease_attempt": None, "lease_expires_at": None}
+
+
+# -- Statements: every one the SQL stores run, by name -------------------------------
+
+
+def insert_call_if_absent(insert: Insert, spec: CallSpec, now: float) -> sa.Executable:
+    """Register a call unless its row exists (the row is what the row lock locks)."""
+    row = {"call_id": spec.call_id, "spec": asdict(spec), "attempts": 0, "registered_at": now}
+    row["recovery_until"] = 0.0
+    return insert(calls).values(**row).on_conflict_do_nothing(index_elements=["call_id"])
+
+
+def select_call_for_update(call_id: str, *extra: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """Read a call's row and lock it until the transaction ends (SQLite: the
+    ``BEGIN IMMEDIATE`` write lock already serializes, ``FOR UPDATE`` renders as nothing)."""
+    return sa.select(calls, *extra).where(calls.c.call_id == call_id).with_for_update()
+
+
+def update_call_spec(spec: CallSpec) -> sa.Update:
+    """Store the request of a call first registered without one."""
+    return calls.update().where(calls.c.call_id == spec.call_id).values(spec=asdict(spec))
+
+
+def claim_attempt(call_id: str, lease: Lease) -> sa.Update:
+    """Count a new attempt and give its lease to the claiming worker."""
+    return (
+        calls.update()
+        .where(calls.c.call_id == call_id)
+        .values(
+            attempts=lease.attempt,
+            lease_token=lease.token,
+            lease_worker=lease.worker,
+            lease_attempt=lease.attempt,
+            lease_expires_at=lease.expires_at,
+        )
+    )
+
+
+def clear_lease(call_id: str, token: str | None = None) -> sa.Update:
+    """Free a call's lease: any lease, or only the one with ``token``."""
+    stmt = calls.update().where(calls.c.call_id == call_id)
+    if token is not None:
+        stmt = stmt.where(calls.c.lease_token == token)
+    return stmt.values(**_NO_LEASE)
+
+
+def renew_ttl_lease(call_id: str, token: str, now: float, ttl_s: float) -> sa.Update:
+    """Push back a live TTL lease's expiry; matches no row if the lease lapsed or moved."""
+    return (
+        calls.update()
+        .where(calls.c.call_id == call_id, calls.c.lease_token == token, calls.c.lease_expires_at > now)
+        .values(lease_expires_at=now + ttl_s)
+    )
+
+
+def select_result(call_id: str) -> sa.Select[Any]:
+    """The call's recorded outcome."""
+    return sa.select(results.c.outcome).where(results.c.call_id == call_id)
+
+
+def insert_result_if_absent(insert: Insert, call_id: str, outcome: Outcome, now: float) -> sa.Executable:
+    """Record the call's one result; a second writer inserts nothing (first writer wins)
+    and gets no row back."""
+    row = {"call_id": call_id, "outcome": asdict(outcome), "recorded_at": now}
+    stmt = insert(results).values(**row).on_conflict_do_nothing(index_elements=["call_id"])
+    return stmt.returning(results.c.call_id)
+
+
+def insert_event_if_absent(insert: Insert, event: Event) -> sa.Executable:
+    """Append an audit event unless one with its id exists."""
+    row = {
+        "event_id": event.id,
+        "call_id": event.call_id,
+        "type": event.type,
+        "attempt": event.attempt,
+        "data": event.data,
+        "at": event.at,
+    }
+    return insert(events).values(**row).on_conflict_do_nothing(index_elements=["event_id"])
+
+
+def select_events(call_id: str) -> sa.Select[Any]:
+    """A call's audit trail, oldest first."""
+    return sa.select(events).where(events.c.call_id == call_id).order_by(events.c.id)
+
+
+def select_unfinished(now: float, unclaimed_grace_s: float) -> sa.Select[Any]:
+    """Calls without a result that were claimed, or registered longer than the grace
+    ago; the store then drops those whose lease is still live."""
+    return (
+        sa.select(calls)
+        .outerjoin(results, results.c.call_id == calls.c.call_id)
+        .where(
+            results.c.call_id.is_(None),
+            sa.or_(calls.c.attempts > 0, calls.c.registered_at + unclaimed_grace_s <= now),
+        )
+        .order_by(calls.c.registered_at, calls.c.call_id)
+    )
+
+
+def claim_recovery_window(call_id: str, now: float, hold_s: float) -> sa.Update:
+    """Take the right to republish a call until ``now + hold_s``; matches no row while
+    another worker holds it."""
+    return (
+        calls.update()
+        .where(calls.c.call_id == call_id, calls.c.recovery_until <= now)
+        .values(recovery_until=now + hold_s)
+    )
+
+
+# -- The store -------------------------------------------------------------------------
+
+
+def _outcome(raw: dict[str, Any] | None) -> Outcome | None:
+    return None if raw is None else Outcome(**raw)
+
+
+class SQLStore(Store):
+    """The logic both SQL stores share; a backend says what makes a lease live.
+
+    Subclasses set :attr:`insert`, and implement :meth:`_write` and
+    :meth:`_read` (transactions, with driver errors wrapped), :meth:`_live`,
+    :meth:`begin`, :meth:`renew` and :meth:`_let_go`.
+    """
+
+    #: The dialect's ``insert`` (it must have ``on_conflict_do_nothing``).
+    insert: Insert
+
+    def __init__(self, engine: sa.Engine, clock: Callable[[], float] = time.time) -> None:
+        self.engine = engine
+        self._clock = clock
+
+    def now(self) -> float:
+        return self._clock()
+
+    # Backend hooks.
+
+    @abc.abstractmethod
+    def _write(self) -> AbstractContextManager[Connection]:
+        """A write transaction whose row reads lock the row until commit."""
+
+    @abc.abstractmethod
+    def _read(self) -> AbstractContextManager[Connection]:
+        """A read-only transaction."""
+
+    @abc.abstractmethod
+    def _live(self, rows: Sequence[Row[Any]], now: float, conn: Connection) -> set[str]:
+        """The call ids among ``rows`` whose lease is live."""
+
+    def _let_go(self, lease: Lease) -> None:  # noqa: B027 - optional hook
+        """Free what the backend holds for ``lease`` outside the tables (after commit)."""
+
+    # Steps run inside a write transaction.
+
+    def _lock_call(
+        self, conn: Connection, spec: CallSpec, now: float, *extra: sa.ColumnElement[Any]
+    ) -> tuple[Row[Any], CallSpec]:
+        """Lock the call's row (creating it) and return it with the call's spec in force."""
+        conn.execute(insert_call_if_absent(self.insert, spec, now))
+        row = conn.execute(select_call_for_update(spec.call_id, *extra)).one()
+        if spec.request and not row.spec.get("request"):
+            conn.execute(update_call_spec(spec))
+            return row, spec
+        return row, CallSpec(**row.spec)
+
+    def _result(self, conn: Connection, call_id: str) -> Outcome | None:
+        return _outcome(conn.execute(select_result(call_id)).scalar_one_or_none())
+
+    def _event(self, conn: Connection, call_id: str, kind: str, attempt: int, data: dict[str, Any]) -> None:
+        event = Event(event_id(call_id, kind, attempt), kind, call_id, attempt, data, self.now())
+        conn.execute(insert_event_if_absent(self.insert, event))
+
+    def _record(self, conn: Connection, spec: CallSpec, outcome: Outcome, now: float) -> bool:
+        """Write the call's one result; False if a result was already there."""
+        if conn.execute(insert_result_if_absent(self.insert, spec.call_id, outcome, now)).first() is None:
+            return False
+        conn.execute(clear_lease(spec.call_id))
+        self._event(conn, spec.call_id, outcome.event_type, outcome.attempt, result_data(spec, outcome))
+        return True
+
+    def _apply_begin(
+        self,
+        conn: Connection,
+        row: Row[Any],
+        spec: CallSpec,
+        worker: str,
+        config: GuardConfig,
+        now: float,
+        holder_live: bool,
+        token: str,
+    ) -> BeginResult:
+        """Decide a delivery of the locked call and write the decision; a claim's
+        lease gets ``token`` (and an expiry if the backend's leases have a TTL)."""
+        result = self._result(conn, row.call_id)
+        decision = decide_begin(CallState(row.attempts, result, holder_live), config)
+        if decision.kind == "finished":
+            assert result is not None
+            return Finished(result)
+        if decision.kind == "busy":
+            return Busy(row.lease_worker or "", row.lease_expires_at)
+        if decision.kind == "refuse":
+            assert decision.refusal is not None
+            self._record(conn, spec, decision.refusal, now)
+            return Refused(decision.refusal)
+        expires_at = now + config.lease_ttl_s if self.ttl_leases else None
+        lease = Lease(row.call_id, decision.attempt, worker, token, config.lease_ttl_s, expires_at)
+        conn.execute(claim_attempt(row.call_id, lease))
+        started = started_data(spec, decision.attempt, worker)
+        self._event(conn, row.call_id, STARTED, decision.attempt, started)
+        return Claimed(lease)
+
+    # The Store interface.
+
+    def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
+        outcome = stamped(outcome, lease.attempt)
+        try:
+            with self._write() as conn:
+                now = self.now()
+                row, spec = self._lock_call(conn, CallSpec(lease.call_id), now)
+                current = self._result(conn, lease.call_id)
+                verdict = decide_finish(CallState(row.attempts, current), outcome, config)
+                if verdict == "accept" and self._record(conn, spec, outcome, now):
+                    return Accepted(outcome)
+                if verdict == "accept":  # lost to a writer the row lock did not see: reread
+                    current = self._result(conn, lease.call_id)
+                    same = current is not None and current.to_json() == outcome.to_json()
+                    verdict = "again" if same else "stale"
+                if verdict == "again":
+                    return Accepted(outcome)
+                self._event(conn, lease.call_id, STALE_RESULT, lease.attempt, result_data(spec, outcome))
+                conn.execute(clear_lease(lease.call_id, lease.token))
+                return Stale(current)
+        finally:
+            self._let_go(lease)
+
+    def release(self, lease: Lease) -> None:
+        try:
+            with self._write() as conn:
+                conn.execute(clear_lease(lease.call_id, lease.token))
+        finally:
+            self._let_go(lease)
+
+    def fenced(self, lease: Lease) -> None:
+        try:
+            with self._write() as conn:
+                if conn.execute(select_call_for_update(lease.call_id)).one_or_none() is None:
+                    return
+                self._event(conn, lease.call_id, FENCED, lease.attempt, fenced_data(lease))
+                conn.execute(clear_lease(lease.call_id, lease.token))
+        finally:
+            self._let_go(lease)
+
+    def events(self, call_id: str) -> list[Event]:
+        with self._read() as conn:
+            rows = conn.execute(select_events(call_id)).all()
+        return [Event(r.event_id, r.type, r.call_id, r.attempt, r.data, r.at) for r in rows]
+
+    def result(self, call_id: str) -> Outcome | None:
+        with self._read() as conn:
+            return self._result(conn, call_id)
+
+    def register(self, call: CallSpec) -> None:
+        with self._write() as conn:
+            self._lock_call(conn, call, self.now())
+
+    def expired(self, now: float | None = None, unclaimed_grace_s: float = 60.0) -> list[CallSpec]:
+        now = self.now() if now is None else now
+        with self._read() as conn:
+            rows = conn.execute(select_unfinished(now, unclaimed_grace_s)).all()
+            live = self._live(rows, now, conn) if rows else set()
+        return [CallSpec(**r.spec) for r in rows if r.call_id not in live]
+
+    def claim_recovery(self, call_id: str, worker: str, hold_s: float) -> bool:
+        with self._write() as conn:
+            return conn.execute(claim_recovery_window(call_id, self.now(), hold_s)).rowcount == 1

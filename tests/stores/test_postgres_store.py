@@ -1,0 +1,263 @@
+"""PostgresStore: a lease is a session-level advisory lock, so it lives exactly as long
+as the holder's database session. These tests kill sessions and processes and check
+that the next worker takes over at once, and that a live holder is never replaced."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from aaa_celery.config import Delivery, GuardConfig
+from aaa_celery.errors import StoreUnavailable, UnsafeDeployment
+from aaa_celery.lifecycle import (
+    STALE_RESULT,
+    STARTED,
+    Accepted,
+    Busy,
+    CallSpec,
+    Claimed,
+    Outcome,
+    Refused,
+    Stale,
+)
+from aaa_celery.stores import open_store
+from aaa_celery.stores.postgres import PostgresStore, check_session_pinned, key_halves, lock_key
+
+pytestmark = pytest.mark.postgres
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def new_call() -> CallSpec:
+    call_id = f"call-{uuid.uuid4().hex[:12]}"
+    return CallSpec(call_id, name="charge", idempotency_key=call_id, request={"task": "tools.charge"})
+
+
+def claim(store: PostgresStore, call: CallSpec, worker: str, cfg: GuardConfig) -> Claimed:
+    got = store.begin(call, worker, cfg)
+    assert isinstance(got, Claimed), got
+    return got
+
+
+def terminate_backend(store: PostgresStore, pid: int) -> None:
+    """End one server session, as a cut connection or a dead worker would."""
+    with store.engine.begin() as conn:
+        assert conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar_one()
+        deadline = time.monotonic() + 10
+        alive = sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid")
+        while conn.execute(alive, {"pid": pid}).scalar():
+            assert time.monotonic() < deadline, f"backend {pid} did not exit"
+            time.sleep(0.01)
+
+
+def advisory_locks_on(store: PostgresStore, call_id: str) -> int:
+    hi, lo = key_halves(lock_key(call_id))
+    query = sa.text(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        " AND classid::bigint = :hi AND objid::bigint = :lo"
+    )
+    with store.engine.begin() as conn:
+        return conn.execute(query, {"hi": hi, "lo": lo}).scalar_one()
+
+
+@pytest.fixture
+def stores(postgres_url: str):
+    opened: list[PostgresStore] = []
+
+    def make(**kw) -> PostgresStore:
+        store = PostgresStore(postgres_url, **kw)
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+def test_terminated_holder_session_lets_next_worker_claim_attempt_2_at_least_once(stores):
+    # Given worker A holds attempt 1
+    a, b = stores(), stores()
+    call, cfg = new_call(), GuardConfig(delivery=Delivery.AT_LEAST_ONCE)
+    lease = claim(a, call, "A", cfg).lease
+    assert isinstance(b.begin(call, "B", cfg), Busy)
+    # When A's database session is terminated
+    terminate_backend(a, a.lease_backend_pid(lease))
+    # Then B claims attempt 2 at once, A's heartbeat fails and A's late result is fenced
+    second = claim(b, call, "B", cfg).lease
+    assert second.attempt == 2
+    assert a.renew(lease) is False
+    assert isinstance(a.finish(lease, Outcome.success("late"), cfg), Stale)
+    assert b.finish(second, Outcome.success("ok"), cfg) == Accepted(Outcome.success("ok", attempt=2))
+    kinds = [(e.type, e.attempt) for e in b.events(call.call_id)]
+    assert kinds[:2] == [(STARTED, 1), (STARTED, 2)]
+    assert (STALE_RESULT, 1) in kinds
+
+
+def test_terminated_holder_session_at_most_once_reports_outcome_unknown(stores):
+    a, b = stores(), stores()
+    call, cfg = new_call(), GuardConfig(delivery=Delivery.AT_MOST_ONCE)
+    lease = claim(a, call, "A", cfg).lease
+    terminate_backend(a, a.lease_backend_pid(lease))
+    refused = b.begin(call, "B", cfg)
+    assert isinstance(refused, Refused)
+    assert refused.result.error == "OutcomeUnknown"
+    assert b.result(call.call_id) == refused.result
+
+
+def test_connected_holder_keeps_the_lease_past_any_ttl(stores):
+    # Given a lease with a tiny TTL, and a clock that jumps a day ahead
+    now = [1_000.0]
+    a, b = stores(clock=lambda: now[0]), stores(clock=lambda: now[0])
+    call, cfg = new_call(), GuardConfig(lease_ttl_s=0.2)
+    lease = claim(a, call, "A", cfg).lease
+    assert lease.expires_at is None and a.ttl_leases is False
+    # When well over the TTL passes, on the wall clock and on the store's clock
+    time.sleep(0.6)
+    now[0] += 86_400
+    # Then the holder still has the call: others are Busy and recovery does not list it
+    assert b.begin(call, "B", cfg) == Busy("A", None)
+    assert b.expired(unclaimed_grace_s=0) == []
+    assert a.renew(lease) is True
+    assert b.renew(lease) is True  # seen from another store instance too
+
+
+def test_kill_9_holder_process_frees_the_lease_at_once(stores, postgres_url):
+    # Given a worker process that claimed a call and then hangs
+    store, call, cfg = stores(), new_call(), GuardConfig()
+    script = textwrap.dedent(
+        f"""
+        import time
+        from aaa_celery.config import GuardConfig
+        from aaa_celery.lifecycle import CallSpec
+        from aaa_celery.stores.postgres import PostgresStore
+        store = PostgresStore({postgres_url!r})
+        got = store.begin(CallSpec({call.call_id!r}), "doomed", GuardConfig())
+        print(got.lease.attempt, flush=True)
+        time.sleep(600)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "1"
+        assert store.begin(call, "B", cfg) == Busy("doomed", None)
+        # When the process is killed with SIGKILL
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        killed_at = time.monotonic()
+        # Then the next worker claims attempt 2 within moments, with no TTL to wait out
+        while not isinstance(got := store.begin(call, "B", cfg), Claimed):
+            assert time.monotonic() - killed_at < 5, f"lease not freed after the holder died: {got!r}"
+            time.sleep(0.02)
+        assert got.attempt == 2
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def test_recovery_lists_a_call_once_its_holder_session_dies(stores):
+    a, b = stores(), stores()
+    call = new_call()
+    lease = claim(a, call, "A", GuardConfig()).lease
+    assert b.expired(unclaimed_grace_s=0) == []
+    terminate_backend(a, a.lease_backend_pid(lease))
+    assert [c.call_id for c in b.expired(unclaimed_grace_s=0)] == [call.call_id]
+    assert b.expired()[0].request == {"task": "tools.charge"}
+
+
+def test_finish_and_release_give_the_advisory_lock_back(stores):
+    store, cfg = stores(), GuardConfig()
+    done, given_back = new_call(), new_call()
+    lease = claim(store, done, "A", cfg).lease
+    assert advisory_locks_on(store, done.call_id) == 1
+    store.finish(lease, Outcome.success(1), cfg)
+    other = claim(store, given_back, "A", cfg).lease
+    store.release(other)
+    assert advisory_locks_on(store, done.call_id) == 0
+    assert advisory_locks_on(store, given_back.call_id) == 0
+    assert claim(store, given_back, "B", cfg).attempt == 2
+
+
+def test_refused_and_finished_deliveries_hold_no_lock(stores):
+    store, call, cfg = stores(), new_call(), GuardConfig()
+    store.finish(claim(store, call, "A", cfg).lease, Outcome.success(1), cfg)
+    store.begin(call, "B", cfg)
+    assert advisory_locks_on(store, call.call_id) == 0
+
+
+def test_direct_connection_passes_the_session_pinning_check(stores):
+    store = stores()
+    with store.engine.connect() as conn:
+        check_session_pinned(conn)
+
+
+class _TransactionPooledConnection:
+    """A connection whose every transaction lands on another server session."""
+
+    def __init__(self) -> None:
+        self.pid = 100
+
+    def execute(self, _statement):
+        self.pid += 1
+        pid = self.pid
+
+        class _Result:
+            def scalar_one(self) -> int:
+                return pid
+
+        return _Result()
+
+    def commit(self) -> None:
+        pass
+
+
+def test_transaction_pooling_proxy_is_refused_as_unsafe():
+    with pytest.raises(UnsafeDeployment, match="transaction-pooling"):
+        check_session_pinned(_TransactionPooledConnection())
+
+
+def test_plain_postgresql_scheme_uses_the_psycopg_driver(postgres_url):
+    plain = "postgresql://" + postgres_url.partition("://")[2]
+    with open_store(plain) as store:
+        assert isinstance(store, PostgresStore)
+        assert store.engine.dialect.driver == "psycopg"
+
+
+def test_unreachable_server_raises_store_unavailable_with_the_driver_error():
+    with pytest.raises(StoreUnavailable) as info:
+        PostgresStore(
+            "postgresql+psycopg://postgres@127.0.0.1:1/postgres", connect_args={"connect_timeout": 2}
+        )
+    assert isinstance(info.value.__cause__, sa.exc.OperationalError)
+
+
+def test_lock_keys_are_stable_signed_64_bit():
+    assert lock_key("call-1") == lock_key("call-1") != lock_key("call-2")
+    assert all(-(2**63) <= lock_key(f"c{i}") < 2**63 for i in range(100))
+
+
+def test_idle_session_timeout_evicts_a_frozen_holder(stores):
+    # Given a holder whose sessions the server ends after 0.5 s without a query
+    frozen, other = stores(idle_session_timeout_s=0.5), stores()
+    with frozen.engine.connect() as conn:
+        if conn.dialect.server_version_info < (14,):
+            pytest.skip("idle_session_timeout needs PostgreSQL 14+")
+    call, cfg = new_call(), GuardConfig()
+    lease = claim(frozen, call, "frozen", cfg).lease
+    # When it stops heartbeating (frozen), the server disconnects it and frees the lease
+    deadline = time.monotonic() + 10
+    while not isinstance(got := other.begin(call, "B", cfg), Claimed):
+        assert time.monotonic() < deadline, got
+        time.sleep(0.1)
+    assert got.attempt == 2
+    assert frozen.renew(lease) is False
