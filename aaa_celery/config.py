@@ -147,3 +147,52 @@ def parse_delivery(value: str | Delivery | None) -> Delivery | None:
         raise ConfigError(
             f"delivery: {value!r} is not a delivery policy; use {choices}"
         ) from None
+
+
+class RetryPolicy(BaseModel):
+    """How a worker retries recording a result while the store is unreachable.
+
+    The result is never dropped silently: when the retries run out, the message
+    is handed back to the broker and the call is recovered as a lost attempt.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    max_tries: int = Field(default=8, ge=1)
+    """How many times ``finish`` is tried before giving up."""
+
+    initial_s: float = Field(default=0.2, gt=0)
+    """Seconds before the first retry."""
+
+    max_s: float = Field(default=5.0, gt=0)
+    """Cap on the seconds between two tries."""
+
+    multiplier: float = Field(default=2.0, ge=1)
+    """Growth of the delay after each failed try."""
+
+    def delays(self) -> list[float]:
+        """The sleeps between tries, in order."""
+        out, delay = [], self.initial_s
+        for _ in range(self.max_tries - 1):
+            out.append(min(delay, self.max_s))
+            delay *= self.multiplier
+        return out
+
+
+class GuardPolicy(BaseModel):
+    """Limits on what the model may send to tools and what comes back to it.
+
+    Checked by the worker before a tool runs (arguments) and after (results), so
+    an oversized or forbidden call becomes a ``ToolArgsError`` fact, never a crash.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    max_args_bytes: int = Field(default=256 * 1024, gt=0)
+    """Largest JSON size of a call's arguments, in bytes."""
+
+    max_result_chars: int | None = Field(default=None, gt=0)
+    """Truncate a text result longer than this for the model (None: no limit)."""
+
+    denied_tools: frozenset[str] = frozenset()
+    """Tool names the model may not call, whatever the registry holds."""

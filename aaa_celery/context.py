@@ -1,0 +1,27 @@
+"""ToolContext: what a running tool knows about its call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ToolContext:
+    """Injected into tools that declare a ``ctx: ToolContext`` parameter.
+
+    ``idempotency_key`` is stable across every attempt and every worker for the
+    same logical call (``<run id>/<call id>`` by default, or what the tool's
+    ``idempotency_key=`` function returns): pass it to the system you call so a
+    repeated attempt cannot repeat the effect. ``attempt`` and ``fence`` are the
+    1-based, rising execution number of this call.
+    """
+
+    engine: Any
+    run_id: str
+    call_id: str
+    attempt: int = 1
+    fence: int = 1
+    idempotency_key: str = ""
+    tenant: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,57 @@
+"""The model side of an agent run: the client interface, a fake client, and the handler."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from . import fake
+from .types import LLMClient, LLMRequest, LLMResponse, Message, ToolCall
+
+if TYPE_CHECKING:
+    from ..runtime.engine import Engine
+
+
+class FakeLLMClient:
+    """A model for tests: a function of the request, or a scripted list of responses."""
+
+    def __init__(self, model: Callable[[LLMRequest], LLMResponse] | Iterable[LLMResponse]) -> None:
+        if callable(model):
+            self._model = model
+        else:
+            script = list(model)
+            self._model = lambda request: script.pop(0) if script else LLMResponse(text="")
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        response = self._model(request)
+        if asyncio.iscoroutine(response):
+            response = await response
+        if not isinstance(response, LLMResponse):
+            raise TypeError(f"the fake model returned {response!r}; use fake.text() or fake.tool_call()")
+        return response
+
+
+class LLMHandler:
+    """Answers the engine's model requests with ``client``."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def attach(self, engine: Engine) -> None:
+        engine.llm = self
+
+    async def complete(self, request: LLMRequest) -> LLMResponse:
+        return await self.client.complete(request)  # type: ignore[no-any-return]
+
+
+__all__ = [
+    "FakeLLMClient",
+    "LLMClient",
+    "LLMHandler",
+    "LLMRequest",
+    "LLMResponse",
+    "Message",
+    "ToolCall",
+    "fake",
+]

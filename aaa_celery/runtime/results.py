@@ -1,0 +1,55 @@
+"""Map a Celery task's state onto the ``aaa.tool.*`` fact the model sees."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from celery import states
+
+
+@dataclass(frozen=True)
+class ToolFact:
+    """The outcome of one tool call as the algorithm sees it."""
+
+    call_id: str
+    name: str
+    ok: bool
+    value: Any = None
+    error: str | None = None
+    message: str = ""
+
+    @property
+    def event_type(self) -> str:
+        return "aaa.tool.completed" if self.ok else "aaa.tool.failed"
+
+    @property
+    def content(self) -> str:
+        """Model-readable text: the value, or ``<ErrorType>: <message>``."""
+        if self.ok:
+            return self.value if isinstance(self.value, str) else json.dumps(self.value, default=str)
+        return f"{self.error}: {self.message}"
+
+    def event_data(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"call_id": self.call_id, "name": self.name}
+        if self.ok:
+            data["value"] = self.value
+        else:
+            data.update(error=self.error, message=self.message)
+        return data
+
+
+def fact_from_celery(call_id: str, name: str, state: str, result: Any) -> ToolFact | None:
+    """The fact for a finished Celery task, or None while it is not finished."""
+    if state == states.SUCCESS:
+        return ToolFact(call_id, name, True, result)
+    if state in states.PROPAGATE_STATES:
+        if isinstance(result, BaseException):
+            return ToolFact(call_id, name, False, error=type(result).__name__, message=str(result))
+        return ToolFact(call_id, name, False, error="ToolError", message=str(result))
+    return None
+
+
+def failed(call_id: str, name: str, error: BaseException) -> ToolFact:
+    return ToolFact(call_id, name, False, error=type(error).__name__, message=str(error))

@@ -1,0 +1,32 @@
+"""``aaa_celery.tools``: register tools and run them under the execution guard."""
+
+from ..config import Delivery, GuardConfig, GuardPolicy, LostLease, RetryPolicy
+from ..context import ToolContext
+from ..errors import ExecutionAbandoned, OutcomeUnknown, ToolArgsError, ToolError
+from .handler import ToolHandler
+from .registry import ToolRegistry
+from .search import Index, search_tool
+from .tool import Tool, tool
+
+__all__ = [
+    # registering tools
+    "Tool",
+    "ToolRegistry",
+    "tool",
+    "search_tool",
+    "Index",
+    # running them
+    "ToolHandler",
+    "ToolContext",
+    # guard configuration
+    "GuardConfig",
+    "Delivery",
+    "LostLease",
+    "RetryPolicy",
+    "GuardPolicy",
+    # errors
+    "ToolError",
+    "ToolArgsError",
+    "OutcomeUnknown",
+    "ExecutionAbandoned",
+]

@@ -1,0 +1,156 @@
+"""ToolHandler: a registry's tools as guarded Celery tasks, and their configs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from celery import Celery
+from kombu import Queue
+
+from ..config import GuardConfig, GuardPolicy, RetryPolicy, build_config
+from ..context import ToolContext
+from ..errors import ConfigError, ToolArgsError
+from ..worker.install import install
+from ..worker.task import GuardedTask
+from .registry import ToolRegistry
+from .tool import Tool
+
+if TYPE_CHECKING:
+    from ..runtime.engine import Engine
+
+#: Task names of tools: ``aaa.tool.<tool name>``.
+TASK_PREFIX = "aaa.tool."
+#: Queue names of pools: ``aaa.<pool>``.
+QUEUE_PREFIX = "aaa."
+
+
+def task_name(tool_name: str) -> str:
+    return f"{TASK_PREFIX}{tool_name}"
+
+
+class ToolTask(GuardedTask):
+    """The guarded task of one tool. Its message is ``kwargs={"arguments": {...}}``."""
+
+    tool: ClassVar[Tool]
+    policy: ClassVar[GuardPolicy] = GuardPolicy()
+    engine: ClassVar[Any] = None
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        arguments = kwargs.get("arguments", args[0] if args else {})
+        return arguments if isinstance(arguments, dict) else {}
+
+    def body(self, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: ToolContext) -> Any:
+        tool, policy = type(self).tool, type(self).policy
+        arguments = kwargs.get("arguments", args[0] if args else None)
+        if set(kwargs) - {"arguments"} or len(args) > 1:
+            raise ToolArgsError(f"{tool.name}: malformed message; expected kwargs={{'arguments': {{...}}}}")
+        if tool.name in policy.denied_tools:
+            raise ToolArgsError(f"{tool.name}: this tool is denied by the handler's guard policy")
+        if len(repr(arguments)) > policy.max_args_bytes:
+            raise ToolArgsError(f"{tool.name}: arguments larger than {policy.max_args_bytes} bytes")
+        ctx.engine = type(self).engine
+        result = tool.invoke(arguments if arguments is not None else {}, ctx)
+        return result
+
+    def run(self, arguments: dict[str, Any] | None = None) -> Any:  # pragma: no cover - body() runs tools
+        raise NotImplementedError
+
+
+class ToolHandler:
+    """Executes the tools of a registry as guarded Celery tasks.
+
+    ``guard`` is the default for every tool; each tool's ``delivery``,
+    ``idempotency_key`` and ``guard`` override it. ``result_retry`` says how a
+    worker retries recording a result while the store is down. ``guards`` limits
+    what the model may send to tools (``GuardPolicy``).
+    """
+
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        *,
+        pools: dict[str, int] | None = None,
+        guard: GuardConfig | dict[str, Any] | None = None,
+        result_retry: RetryPolicy | None = None,
+        guards: GuardPolicy | None = None,
+    ) -> None:
+        if not isinstance(registry, ToolRegistry):
+            raise ConfigError("ToolHandler: registry must be a ToolRegistry([...]) of @tool functions")
+        self.registry = registry
+        self.pools = dict(pools or {"default": 8})
+        for pool, size in self.pools.items():
+            if not isinstance(size, int) or size < 1:
+                raise ConfigError(f"pools[{pool!r}]: must be a positive int of concurrent calls, got {size!r}")
+        if guard is None:
+            self.guard = GuardConfig()
+        elif isinstance(guard, GuardConfig):
+            self.guard = guard
+        else:
+            self.guard = build_config(dict(guard), where="ToolHandler.guard")
+        self.result_retry = result_retry or RetryPolicy()
+        self.guards = guards or GuardPolicy()
+
+    def config_for(self, t: Tool) -> GuardConfig:
+        """Effective guard configuration of a tool: handler default + the tool's overrides."""
+        try:
+            return self.guard.merged(t.guard_overrides)
+        except ConfigError as e:
+            raise ConfigError(f"tool {t.name!r}: {e} (the handler default is {self.guard!r})") from e
+
+    def check(self) -> None:
+        """Validate every tool against the handler default (what ``attach``/``bind`` do first)."""
+        for t in self.registry:
+            self.config_for(t)
+            if t.pool not in self.pools and t.pool != "default":
+                raise ConfigError(
+                    f"tool {t.name!r}: pool {t.pool!r} is not one of the handler's pools "
+                    f"{sorted(self.pools)}; add it to ToolHandler(pools=...)"
+                )
+
+    def queue_for(self, t: Tool, prefix: str = QUEUE_PREFIX) -> str:
+        return f"{prefix}{t.pool}"
+
+    def bind(self, app: Celery, *, queue_prefix: str = QUEUE_PREFIX, engine: Any = None) -> Celery:
+        """Register every tool as a guarded task ``aaa.tool.<name>`` on ``app``.
+
+        Each tool routes to its pool's queue ``aaa.<pool>``; those queues are added
+        to the app's queues, so a plain ``celery -A proj worker`` serves every pool
+        and ``-Q aaa.slow`` selects one. Refuses unsafe settings (pickle).
+        """
+        self.check()
+        install(app)
+        queues = list(app.conf.task_queues or [Queue(app.conf.task_default_queue)])
+        names = {q.name for q in queues}
+        for t in self.registry:
+            existing = app.tasks.get(task_name(t.name)) if task_name(t.name) in app.tasks else None
+            if existing is not None and getattr(type(existing), "tool", None) is not t:
+                raise ConfigError(
+                    f"tool {t.name!r}: another tool is already bound as {task_name(t.name)!r} on this app"
+                )
+            queue = self.queue_for(t, queue_prefix)
+            if queue not in names:
+                queues.append(Queue(queue))
+                names.add(queue)
+            if existing is not None:
+                continue
+            attrs = {
+                "name": task_name(t.name),
+                "tool": t,
+                "audit_name": t.name,
+                "guard": self.config_for(t),
+                "timeout_s": t.timeout_s,
+                "idempotency_key": t.idempotency_key,
+                "result_retry": self.result_retry,
+                "policy": self.guards,
+                "engine": engine,
+                "queue": queue,
+                "__module__": __name__,
+            }
+            cls = type(f"ToolTask_{t.name}", (ToolTask,), attrs)
+            app.register_task(cls())
+        app.conf.task_queues = queues
+        return app
+
+    def attach(self, engine: Engine) -> None:
+        """One tool executor per engine: later handlers merge their tools into the first."""
+        engine.attach_tools(self)

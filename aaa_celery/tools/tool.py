@@ -1,0 +1,146 @@
+"""``@tool`` and ``Tool``: a Python function plus its schema and guard overrides."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from ..config import Delivery, GuardConfig, parse_delivery, validate_overrides
+from ..context import ToolContext
+from ..errors import ConfigError, ToolArgsError
+
+
+def _context_param(fn: Callable[..., Any], hints: dict[str, Any]) -> str | None:
+    for name, param in inspect.signature(fn).parameters.items():
+        if hints.get(name) is ToolContext or param.annotation in (ToolContext, "ToolContext"):
+            return name
+    return None
+
+
+def _args_model(fn: Callable[..., Any], name: str, skip: str | None) -> type[BaseModel]:
+    hints = typing.get_type_hints(fn)
+    fields: dict[str, Any] = {}
+    for pname, param in inspect.signature(fn).parameters.items():
+        if pname == skip or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        default = ... if param.default is param.empty else param.default
+        fields[pname] = (hints.get(pname, Any), default)
+    return create_model(  # type: ignore[call-overload, no-any-return]
+        f"{name}_args", __config__=ConfigDict(extra="forbid"), **fields
+    )
+
+
+class Tool:
+    """A function the model can call, run as a guarded Celery task.
+
+    ``delivery``, ``idempotency_key`` and ``guard`` configure the guard for this
+    tool; anything unset inherits the ``ToolHandler``'s default. Invalid values
+    fail here, when the tool is defined.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        requires_approval: bool = False,
+        timeout_s: float = 60.0,
+        pool: str = "default",
+        delivery: str | None = None,
+        idempotency_key: Callable[[dict[str, Any]], str] | None = None,
+        guard: dict[str, Any] | GuardConfig | None = None,
+    ) -> None:
+        if not callable(fn):
+            raise ConfigError(f"tool: expected a function, got {type(fn).__name__}")
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.description = description if description is not None else inspect.cleandoc(fn.__doc__ or "")
+        self.requires_approval = requires_approval
+        if not (isinstance(timeout_s, int | float) and timeout_s > 0):
+            raise ConfigError(f"timeout_s: must be a positive number of seconds, got {timeout_s!r}")
+        self.timeout_s = float(timeout_s)
+        if not isinstance(pool, str) or not pool:
+            raise ConfigError(f"pool: must be a non-empty pool name, got {pool!r}")
+        self.pool = pool
+        self._delivery = parse_delivery(delivery)
+        if idempotency_key is not None and not callable(idempotency_key):
+            raise ConfigError(
+                "idempotency_key: must be a function of the arguments, "
+                "e.g. idempotency_key=lambda a: f\"refund:{a['order_id']}\""
+            )
+        self.idempotency_key = idempotency_key
+        self.guard_overrides = validate_overrides(guard)
+        if self._delivery is not None:
+            self.guard_overrides["delivery"] = self._delivery
+        hints = typing.get_type_hints(fn)
+        self.context_param = _context_param(fn, hints)
+        self.args_model = _args_model(fn, self.name, self.context_param)
+        self.is_async = inspect.iscoroutinefunction(fn)
+
+    @property
+    def delivery(self) -> str | None:
+        """This tool's own delivery override, or None to inherit the handler's default."""
+        return self._delivery.value if self._delivery is not None else None
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The JSON schema of the arguments (``ctx`` excluded)."""
+        schema = self.args_model.model_json_schema()
+        schema.pop("title", None)
+        return schema
+
+    def spec(self) -> dict[str, Any]:
+        """The tool as a model sees it: name, description and parameter schema."""
+        return {"name": self.name, "description": self.description, "parameters": self.schema}
+
+    def validate_args(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Check ``arguments`` against the schema; ToolArgsError names what is wrong."""
+        if not isinstance(arguments, dict):
+            raise ToolArgsError(f"{self.name}: arguments must be an object, got {type(arguments).__name__}")
+        try:
+            model = self.args_model.model_validate(arguments)
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(map(str, err['loc'])) or 'arguments'}: {err['msg']}" for err in e.errors()
+            )
+            raise ToolArgsError(f"{self.name}: bad arguments: {problems}") from None
+        return {k: getattr(model, k) for k in type(model).model_fields}
+
+    def key_for(self, arguments: dict[str, Any], default: str) -> str:
+        """The idempotency key of a call with these arguments."""
+        if self.idempotency_key is None:
+            return default
+        return str(self.idempotency_key(arguments))
+
+    def invoke(self, arguments: dict[str, Any], ctx: ToolContext | None) -> Any:
+        """Call the function with validated arguments (a coroutine for an async tool)."""
+        kwargs = self.validate_args(arguments)
+        if self.context_param is not None:
+            kwargs[self.context_param] = ctx
+        return self.fn(**kwargs)
+
+    async def __call__(self, **arguments: Any) -> Any:
+        result = self.invoke(arguments, None)
+        return await result if asyncio.iscoroutine(result) else result
+
+    def __repr__(self) -> str:
+        return f"<Tool {self.name} pool={self.pool} delivery={self.delivery}>"
+
+
+def tool(fn: Callable[..., Any] | None = None, **opts: Any) -> Any:
+    """Decorator: ``@tool`` or ``@tool(requires_approval=True, ...)``.
+
+    The schema comes from the type hints, the description from the docstring.
+    """
+    if fn is not None:
+        return Tool(fn, **opts)
+    return lambda f: Tool(f, **opts)
+
+
+__all__ = ["Delivery", "Tool", "tool"]

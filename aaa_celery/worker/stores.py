@@ -1,0 +1,60 @@
+"""Which store a Celery app uses, opened once per process (after fork)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from celery import Celery
+
+from ..errors import ConfigError
+from ..stores import Store, open_store
+
+_lock = threading.Lock()
+_opened: dict[tuple[int, str], Store] = {}
+
+
+def store_url(app: Celery) -> str:
+    """The app's store URL: ``aaa_store_url``, else the broker's Redis server.
+
+    A non-Redis broker without ``aaa_store_url`` is a configuration error: the
+    guard needs a store that every worker shares.
+    """
+    url = app.conf.get("aaa_store_url")
+    if url:
+        return str(url)
+    broker = str(app.conf.broker_url or "")
+    if broker.startswith(("redis://", "rediss://")):
+        return broker
+    raise ConfigError(
+        f"aaa_store_url: not set, and the broker {broker.split('://')[0] or '(none)'}:// is not "
+        "Redis, so there is no store to default to. Set app.conf.aaa_store_url to a "
+        "redis://, postgresql+psycopg:// or sqlite:/// URL shared by every worker."
+    )
+
+
+def use_store(app: Celery, store: Store) -> None:
+    """Make ``app`` use this store object in this process (the embedded engine, tests)."""
+    app._aaa_store = (os.getpid(), store)  # type: ignore[attr-defined]
+
+
+def app_store(app: Celery) -> Store:
+    """The store for ``app`` in this process, opened on first use."""
+    pinned: Any = getattr(app, "_aaa_store", None)
+    if pinned is not None and pinned[0] == os.getpid():
+        return pinned[1]  # type: ignore[no-any-return]
+    url = store_url(app)
+    key = (os.getpid(), url)
+    with _lock:
+        store = _opened.get(key)
+        if store is None:
+            store = _opened[key] = open_store(url)
+        return store
+
+
+def forget_inherited() -> None:
+    """Drop stores opened by a parent process; a forked child opens its own."""
+    with _lock:
+        for key in [k for k in _opened if k[0] != os.getpid()]:
+            del _opened[key]

@@ -1,0 +1,159 @@
+"""The per-call watchdog: heartbeat the lease, enforce the timeout, interrupt the body.
+
+One thread per running call renews the lease every ``heartbeat_s`` on the
+store, and bounds the body by ``timeout_s``. When the lease is lost (and
+``on_lost_lease=cancel``) or time runs out, it interrupts the body:
+
+* an ``async def`` body: its asyncio task is cancelled;
+* a sync body on the main thread (prefork child, solo pool): a signal raises in
+  it, which also breaks out of a blocking ``time.sleep``;
+* a sync body on another thread (threads pool): an asynchronous exception is set
+  on that thread; it fires at the next bytecode, so a body blocked inside one C
+  call notices only when that call returns (a documented limit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..config import GuardConfig, LostLease
+from ..errors import StoreError
+from ..lifecycle import Lease
+from ..stores.base import Store
+
+INTERRUPT_SIGNAL = signal.SIGUSR2
+
+
+class Interrupted(BaseException):
+    """Raised inside a tool body to stop it; BaseException so ``except Exception`` can't eat it."""
+
+
+class LeaseCancelled(Interrupted):
+    """The lease was lost and ``on_lost_lease=cancel``."""
+
+
+class BodyTimedOut(Interrupted):
+    """The body ran past ``timeout_s``."""
+
+
+class Watchdog:
+    """Heartbeat and timeout for one call, run around the tool body."""
+
+    def __init__(
+        self,
+        store: Store | None,
+        lease: Lease | None,
+        config: GuardConfig,
+        timeout_s: float | None,
+    ) -> None:
+        self.store, self.lease, self.config = store, lease, config
+        self.timeout_s = timeout_s
+        self.lost = False
+        self.reason: type[Interrupted] | None = None
+        self._stop = threading.Event()
+        self._armed = threading.Lock()
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self._target = threading.get_ident()
+        self._on_main = threading.current_thread() is threading.main_thread()
+        self._old_handler: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    # -- running a body ---------------------------------------------------
+    def run(self, body: Callable[[], Any]) -> Any:
+        """Run ``body`` (a sync callable, or one returning a coroutine) under the watchdog."""
+        self._start()
+        try:
+            result = body()
+            if asyncio.iscoroutine(result):
+                result = asyncio.run(self._guarded(result))
+            return result
+        except asyncio.CancelledError:
+            if self.reason is not None:
+                raise self.reason() from None
+            raise
+        finally:
+            self._finish()
+
+    async def _guarded(self, coro: Any) -> Any:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        if self.reason is not None:  # interrupted before the loop existed
+            coro.close()
+            raise self.reason()
+        return await coro
+
+    def _start(self) -> None:
+        if self._on_main:
+            self._old_handler = signal.signal(INTERRUPT_SIGNAL, self._on_signal)
+        self._running = True
+        self._thread = threading.Thread(target=self._watch, name="aaa-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _finish(self) -> None:
+        with self._armed:
+            self._running = False
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._on_main:
+            signal.signal(INTERRUPT_SIGNAL, self._old_handler or signal.SIG_DFL)
+
+    # -- the watchdog thread ----------------------------------------------
+    def _watch(self) -> None:
+        period = self.config.heartbeat_period_s
+        started = time.monotonic()
+        deadline = started + self.timeout_s if self.timeout_s else None
+        last_ok = started
+        next_beat = started + period
+        while True:
+            now = time.monotonic()
+            wake = next_beat if self.lease is not None else float("inf")
+            if deadline is not None:
+                wake = min(wake, deadline)
+            if self._stop.wait(max(0.0, min(wake - now, 3600.0))):
+                return
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                self._interrupt(BodyTimedOut)
+                return
+            if self.lease is None or now < next_beat:
+                continue
+            next_beat = now + period
+            try:
+                ok = self.store.renew(self.lease)  # type: ignore[union-attr]
+                if ok:
+                    last_ok = now
+            except StoreError:
+                # A store outage is not a lost lease until the TTL has surely run out.
+                ok = now - last_ok < self.lease.ttl_s
+            if not ok:
+                self.lost = True
+                if self.config.on_lost_lease is LostLease.CANCEL:
+                    self._interrupt(LeaseCancelled)
+                return
+
+    def _interrupt(self, reason: type[Interrupted]) -> None:
+        with self._armed:
+            if not self._running or self.reason is not None:
+                return
+            self.reason = reason
+            if self._loop is not None and self._task is not None:
+                self._loop.call_soon_threadsafe(self._task.cancel)
+            elif self._on_main:
+                signal.pthread_kill(self._target, INTERRUPT_SIGNAL)
+            else:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self._target), ctypes.py_object(reason)
+                )
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._running and self.reason is not None and self._loop is None:
+            raise self.reason()
