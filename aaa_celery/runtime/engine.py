@@ -113,6 +113,7 @@ class Engine:
             worker_prefetch_multiplier=1,
             task_default_queue=f"aaa-embedded-{self.id}",
             aaa_recovery_interval_s=1.0,
+            broker_transport_options={"polling_interval": 0.05},
         )
         use_store(app, MemoryStore())
         return app
@@ -166,7 +167,9 @@ class Engine:
             return
         self._worker.stop(in_sighandler=False)
         if self._thread is not None:
-            self._thread.join(30)
+            # Celery's sync loop polls the in-memory broker in 2 s slices; the stopped
+            # worker's daemon thread ends on its own at the next one, owning nothing.
+            self._thread.join(0.2)
         self._worker = self._thread = None
 
     # -- tools -----------------------------------------------------------------

@@ -56,6 +56,15 @@ class ToolTask(GuardedTask):
         raise NotImplementedError
 
 
+def _add_routes(app: Celery, routes: dict[str, dict[str, str]]) -> None:
+    """Route tool tasks to their pool queues, keeping the app's own routes."""
+    current = app.conf.task_routes
+    if current is None or isinstance(current, dict):
+        app.conf.task_routes = {**(current or {}), **routes}
+    else:
+        app.conf.task_routes = (routes, *current)
+
+
 class ToolHandler:
     """Executes the tools of a registry as guarded Celery tasks.
 
@@ -121,6 +130,7 @@ class ToolHandler:
         install(app)
         queues = list(app.conf.task_queues or [Queue(app.conf.task_default_queue)])
         names = {q.name for q in queues}
+        routes: dict[str, dict[str, str]] = {}
         for t in self.registry:
             existing = app.tasks.get(task_name(t.name)) if task_name(t.name) in app.tasks else None
             if existing is not None and getattr(type(existing), "tool", None) is not t:
@@ -143,12 +153,13 @@ class ToolHandler:
                 "result_retry": self.result_retry,
                 "policy": self.guards,
                 "engine": engine,
-                "queue": queue,
                 "__module__": __name__,
             }
             cls = type(f"ToolTask_{t.name}", (ToolTask,), attrs)
             app.register_task(cls())
+            routes[task_name(t.name)] = {"queue": queue}
         app.conf.task_queues = queues
+        _add_routes(app, routes)
         return app
 
     def attach(self, engine: Engine) -> None:
