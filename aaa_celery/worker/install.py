@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_ready
 
 from ..errors import ConfigError
 from .recovery import RecoveryStep
@@ -42,3 +43,18 @@ def install(app: Celery) -> Celery:
 @worker_process_init.connect(weak=False)
 def _reopen_after_fork(**_: object) -> None:
     forget_inherited()
+
+
+#: Env var naming a file that a worker writes its main PID to once it is ready to
+#: consume (``aaa_celery.testing`` uses it to know a worker is up without polling it).
+READY_FILE_ENV = "AAA_READY_FILE"
+
+
+@worker_ready.connect(weak=False)
+def _write_ready_file(sender: object = None, **_: object) -> None:
+    path = os.environ.get(READY_FILE_ENV)
+    if path:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(tmp, path)

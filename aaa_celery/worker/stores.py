@@ -13,6 +13,9 @@ from ..stores import Store, open_store
 
 _lock = threading.Lock()
 _opened: dict[tuple[int, str], Store] = {}
+#: Stores a forked child inherited. Kept referenced, never used or closed: closing
+#: (or garbage-collecting) them could end the parent's sessions on shared sockets.
+_inherited: list[Store] = []
 
 
 def store_url(app: Celery) -> str:
@@ -57,4 +60,4 @@ def forget_inherited() -> None:
     """Drop stores opened by a parent process; a forked child opens its own."""
     with _lock:
         for key in [k for k in _opened if k[0] != os.getpid()]:
-            del _opened[key]
+            _inherited.append(_opened.pop(key))

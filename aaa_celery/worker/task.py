@@ -89,6 +89,10 @@ class GuardedTask(Task):  # type: ignore[misc]
             raise ValueError("idempotency_key: must be a function of the task's arguments")
         cls._overrides = overrides
         cls._resolved = None
+        if "run" in cls.__dict__ and "__header__" in cls.__dict__:
+            # Celery checks a call's arguments against the function when it is sent;
+            # ``ctx`` is the guard's to inject, so the check must not ask for it.
+            cls.__header__ = staticmethod(_header_without_context(cls.__dict__["run"]))
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -127,7 +131,18 @@ class GuardedTask(Task):  # type: ignore[misc]
             route = self.app.amqp.router.route(options, self.name, args, kwargs)
             queue = getattr(route.get("queue"), "name", None)
         request = {"task": self.name, "args": args, "kwargs": kwargs, "queue": queue, "headers": headers}
-        return CallSpec(task_id, self.audit_name or self.name, "", request)
+        key = self.key_for(task_id, headers, tuple(args), kwargs)
+        return CallSpec(task_id, self.audit_name or self.name, key, request)
+
+    def key_for(self, task_id: str, headers: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """The call's idempotency key: the task's key function, else ``<run>/<call>`` for
+        engine calls, else the task id. The same at publish time and in every attempt."""
+        key_fn = type(self).idempotency_key
+        if key_fn is not None:
+            return str(key_fn(self.arguments(args, kwargs)))
+        if headers.get(RUN_HEADER):
+            return f"{headers[RUN_HEADER]}/{headers.get(CALL_HEADER) or task_id}"
+        return task_id
 
     # -- running --------------------------------------------------------------
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -142,9 +157,7 @@ class GuardedTask(Task):  # type: ignore[misc]
         req = self.request
         run_id = getattr(req, RUN_HEADER, None) or req.root_id or req.id
         call_id = getattr(req, CALL_HEADER, None) or req.id
-        default_key = f"{run_id}/{call_id}"
-        key_fn = type(self).idempotency_key
-        key = str(key_fn(self.arguments(args, kwargs))) if key_fn else default_key
+        key = self.key_for(req.id, _aaa_headers(req), args, kwargs)
         return ToolContext(
             engine=None,
             run_id=run_id,
@@ -160,7 +173,7 @@ class GuardedTask(Task):  # type: ignore[misc]
         """Call the task function, injecting ``ctx`` if it declares one."""
         params = inspect.signature(self.run).parameters
         for name, p in params.items():
-            if p.annotation in (ToolContext, "ToolContext") and name not in kwargs:
+            if _is_context(p) and name not in kwargs:
                 kwargs = {**kwargs, name: ctx}
         try:
             inspect.signature(self.run).bind(*args, **kwargs)
@@ -238,6 +251,21 @@ class GuardedTask(Task):  # type: ignore[misc]
                 if not delays:
                     raise Reject("aaa store unavailable at finish", requeue=True) from None
                 time.sleep(delays.pop(0))
+
+
+def _is_context(p: inspect.Parameter) -> bool:
+    return p.annotation in (ToolContext, "ToolContext")
+
+
+def _header_without_context(run: Any) -> Any:
+    fn = run.__func__ if isinstance(run, staticmethod) else run
+    sig = inspect.signature(fn)
+    sig = sig.replace(parameters=[p for p in sig.parameters.values() if not _is_context(p)])
+
+    def check_arguments(*args: Any, **kwargs: Any) -> None:
+        sig.bind(*args, **kwargs)
+
+    return check_arguments
 
 
 def _aaa_headers(req: Any) -> dict[str, Any]:

@@ -28,6 +28,31 @@ from ..lifecycle import Lease
 from ..stores.base import Store
 
 INTERRUPT_SIGNAL = signal.SIGUSR2
+"""Interrupts a sync body on the main thread. Neither Celery nor billiard uses it in a
+worker (Celery only with ``CELERY_RDBSIG`` set, in the main process, for its debugger)."""
+
+#: The watchdog of the body running on this process's main thread, if any.
+_main_watchdog: Watchdog | None = None
+_handler_installed = False
+
+
+def _on_interrupt_signal(signum: int, frame: Any) -> None:
+    """The process-wide handler: raise in the main thread's body if its watchdog asked.
+
+    Installed once and never removed, so a signal that arrives just after a body
+    ended is ignored instead of meeting the default action (which ends the process).
+    """
+    watchdog = _main_watchdog
+    if watchdog is not None and watchdog._running and watchdog.reason is not None and watchdog._loop is None:
+        raise watchdog.reason()
+
+
+def _install_handler() -> None:
+    global _handler_installed
+    current = signal.getsignal(INTERRUPT_SIGNAL)
+    if not _handler_installed or current is not _on_interrupt_signal:
+        signal.signal(INTERRUPT_SIGNAL, _on_interrupt_signal)
+        _handler_installed = True
 
 
 class Interrupted(BaseException):
@@ -62,7 +87,6 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._target = threading.get_ident()
         self._on_main = threading.current_thread() is threading.main_thread()
-        self._old_handler: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[Any] | None = None
 
@@ -91,20 +115,23 @@ class Watchdog:
         return await coro
 
     def _start(self) -> None:
+        global _main_watchdog
         if self._on_main:
-            self._old_handler = signal.signal(INTERRUPT_SIGNAL, self._on_signal)
+            _install_handler()
+            _main_watchdog = self
         self._running = True
         self._thread = threading.Thread(target=self._watch, name="aaa-heartbeat", daemon=True)
         self._thread.start()
 
     def _finish(self) -> None:
+        global _main_watchdog
         with self._armed:
             self._running = False
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if self._on_main:
-            signal.signal(INTERRUPT_SIGNAL, self._old_handler or signal.SIG_DFL)
+        if self._on_main and _main_watchdog is self:
+            _main_watchdog = None
 
     # -- the watchdog thread ----------------------------------------------
     def _watch(self) -> None:
@@ -153,7 +180,3 @@ class Watchdog:
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(self._target), ctypes.py_object(reason)
                 )
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if self._running and self.reason is not None and self._loop is None:
-            raise self.reason()

@@ -1,0 +1,112 @@
+"""The Celery app the fleet tests run in real ``celery worker`` processes.
+
+Configured from environment variables, so one module serves every scenario
+(``make_app(env)`` builds the same app in the test process, as a client):
+
+- ``AAA_FLEET_BROKER``: broker URL (required); also the result backend unless
+  ``AAA_FLEET_BACKEND`` is set.
+- ``AAA_FLEET_STORE``: ``aaa_store_url`` (default: the broker's Redis).
+- ``AAA_FLEET_LEDGER``: Redis URL of the effect ledger (default: the broker).
+- ``AAA_FLEET_TTL``: the guard's ``lease_ttl_s`` (default 2).
+- ``AAA_FLEET_VT``: the broker's ``visibility_timeout`` (default: kombu's, one hour).
+- ``AAA_FLEET_RESTORE_S``: kombu's unacked restore interval and throttle 1 (the
+  broker restores expired messages every that many seconds).
+- ``AAA_FLEET_GRACE``: ``aaa_unclaimed_grace_s``.
+- ``AAA_FLEET_RECOVERY_S``: ``aaa_recovery_interval_s`` (default 1).
+- ``AAA_FLEET_ENABLED``: ``0`` turns the guard off for every task.
+
+Each body appends ``start`` to the ledger when it begins, and the long ones
+``after`` on the line after their sleep, so a test sees runs the guard cut short.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from aaa_celery import GuardedTask, ToolArgsError, ToolContext, ToolError
+from aaa_celery.testing import Ledger
+from aaa_celery.tools import ToolHandler, ToolRegistry, tool
+
+
+def make_app(env: Mapping[str, str]) -> Celery:
+    broker = env["AAA_FLEET_BROKER"]
+    app = Celery("fleet_app", broker=broker, backend=env.get("AAA_FLEET_BACKEND") or broker)
+    transport: dict[str, Any] = {}
+    if env.get("AAA_FLEET_VT"):
+        transport["visibility_timeout"] = float(env["AAA_FLEET_VT"])
+    if env.get("AAA_FLEET_RESTORE_S"):
+        transport["unacked_restore_interval"] = float(env["AAA_FLEET_RESTORE_S"])
+        transport["unacked_restore_throttle"] = 1
+    ttl = float(env.get("AAA_FLEET_TTL") or 2)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        worker_prefetch_multiplier=1,
+        broker_transport_options=transport,
+        broker_connection_retry_on_startup=True,
+        result_expires=600,
+        aaa_guard={"lease_ttl_s": ttl, "wait_poll_s": 0.25, "enabled": env.get("AAA_FLEET_ENABLED", "1") != "0"},
+        aaa_recovery_interval_s=float(env.get("AAA_FLEET_RECOVERY_S") or 1),
+    )
+    # Each queue bound by its own name: ToolHandler.bind adds Queue("aaa.<pool>"), which
+    # Celery binds with the default routing key "celery", so over Redis every message to
+    # the default queue would be copied into aaa.default too (reported with issue 4).
+    app.conf.task_queues = [Queue("celery", routing_key="celery"), Queue("aaa.default", routing_key="aaa.default")]
+    if env.get("AAA_FLEET_STORE"):
+        app.conf.aaa_store_url = env["AAA_FLEET_STORE"]
+    if env.get("AAA_FLEET_GRACE"):
+        app.conf.aaa_unclaimed_grace_s = float(env["AAA_FLEET_GRACE"])
+    ledger_url = env.get("AAA_FLEET_LEDGER") or broker
+    ledger: Ledger | None = None
+
+    def record(event: str, ctx: ToolContext, **fields: Any) -> None:
+        nonlocal ledger
+        if ledger is None or ledger._redis.connection_pool.pid != os.getpid():
+            ledger = Ledger(ledger_url)
+        ledger.record(event, ctx=ctx, **fields)
+
+    def long(seconds: float, ctx: ToolContext) -> dict[str, Any]:
+        record("start", ctx)
+        time.sleep(seconds)
+        record("after", ctx)
+        return {"attempt": ctx.attempt, "pid": os.getpid()}
+
+    # at_least_once, on_lost_lease=cancel (the defaults)
+    app.task(base=GuardedTask, name="fleet.long")(long)
+    app.task(base=GuardedTask, name="fleet.long_amo", delivery="at_most_once")(long)
+    app.task(base=GuardedTask, name="fleet.long_finish", guard={"on_lost_lease": "finish", "fence_results": True})(long)
+
+    @app.task(base=GuardedTask, name="fleet.poison")
+    def poison(ctx: ToolContext) -> None:
+        record("start", ctx)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    @app.task(base=GuardedTask, name="fleet.quick")
+    def quick(x: int, ctx: ToolContext) -> int:
+        record("start", ctx)
+        return x + 1
+
+    @app.task(base=GuardedTask, name="fleet.fail")
+    def fail(kind: str, ctx: ToolContext) -> None:
+        record("start", ctx)
+        raise {"tool": ToolError, "args": ToolArgsError}[kind](f"{kind} failed on purpose")
+
+    @tool(pool="default")
+    def echo(text: str, ctx: ToolContext) -> str:
+        """Echo the text (a tool bound with ToolHandler.bind)."""
+        record("start", ctx)
+        return text
+
+    ToolHandler(ToolRegistry([echo]), guard={"lease_ttl_s": ttl, "wait_poll_s": 0.25}).bind(app)
+    return app
+
+
+app = make_app(os.environ) if "AAA_FLEET_BROKER" in os.environ else None

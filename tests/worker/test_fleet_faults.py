@@ -1,0 +1,54 @@
+"""Issue 4's acceptance: real ``celery worker`` processes, real faults, real Redis.
+
+Every test checks the guard's audit trail (``store.events``) and the effect
+ledger the tool body writes to (``start`` when a body begins, ``after`` on the
+line after its sleep). Leases are short (``lease_ttl_s`` 2 s) and the broker's
+``visibility_timeout`` stays at its default of one hour unless a test says so.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from aaa_celery import ExecutionAbandoned, OutcomeUnknown
+from aaa_celery.lifecycle import COMPLETED, FAILED, FENCED, STALE_RESULT, STARTED
+from aaa_celery.testing import freeze, kill9, kill_child, wait_for
+
+pytestmark = [pytest.mark.redis, pytest.mark.fleet]
+
+TTL = 2.0
+#: The acceptance bound on the time from a fault to the call's next step.
+TAKEOVER_S = TTL + 10
+
+
+def types(store, task_id):
+    return [e.type for e in store.events(task_id)]
+
+
+def started(fleet, task_id, n=1, timeout_s=30.0):
+    """Wait until the ledger shows ``n`` body starts of the call; return the starts."""
+    return wait_for(lambda: (s := fleet.ledger.entries(task_id, "start")) and len(s) >= n and s,
+                    timeout_s, f"{n} body start(s) of {task_id}")
+
+
+def holder_of(fleet, entry):
+    return fleet.worker_of(entry["pid"])
+
+
+def test_kill_9_main_mid_call_at_least_once_runs_attempt_2_on_other_worker(fleet):
+    f = fleet(TTL=TTL)
+    result = f.client.tasks["fleet.long"].delay(4.0)
+    first = started(f, result.id)[0]
+    holder = holder_of(f, first)
+    killed_at = time.time()
+    holder.kill()
+    second = started(f, result.id, 2, TAKEOVER_S)[1]
+    assert second["at"] - killed_at < TAKEOVER_S
+    assert second["attempt"] == 2 and f.worker_of(second["pid"]) is not holder
+    value = result.get(timeout=30)
+    assert value["attempt"] == 2
+    assert len(f.ledger.entries(result.id, "start")) == 2
+    assert types(f.store, result.id) == [STARTED, STARTED, COMPLETED]
+    assert f.store.result(result.id).value == value
