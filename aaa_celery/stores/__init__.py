@@ -36,7 +36,8 @@ def backend_for(url: str) -> type[Store]:
 def open_store(url: str, **options: Any) -> Store:
     """Open the store at ``url``: ``memory://``, ``redis://…``, ``postgresql+psycopg://…``,
     or ``sqlite:///path``."""
-    return backend_for(url)(url, **options)
+    store_cls: Any = backend_for(url)
+    return store_cls(url, **options)  # type: ignore[no-any-return]
 
 
 __all__ = ["BACKENDS", "Store", "backend_for", "open_store"]

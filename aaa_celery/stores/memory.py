@@ -119,7 +119,7 @@ class MemoryStore(Store):
         with self._lock:
             now = self.now()
             rec = self._holds(lease)
-            if rec is None or not self._live(rec, now):
+            if rec is None or rec.lease is None or not self._live(rec, now):
                 return False
             rec.lease = replace(rec.lease, expires_at=now + lease.ttl_s)
             return True
