@@ -1,0 +1,1 @@
+"""Benchmarks of aaa_celery: overhead, takeover, scale, engine (see README.md)."""

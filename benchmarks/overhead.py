@@ -1,0 +1,228 @@
+"""Overhead: the guard's cost next to the same trivial task in plain Celery.
+
+Variants, each N trivial calls (``return i``) through one real ``celery worker``:
+
+  A  plain     ``@app.task(acks_late=True)``
+  B  guarded   ``@app.task(base=GuardedTask)``  (acks_late + reject_on_worker_lost)
+  C  tool      a ``@tool`` bound with ``ToolHandler.bind``
+
+Method, per variant and round (interleaved A B C A B C ..., for each pool):
+
+1. publish N messages to a staging list the worker does not consume (timed: the
+   publish rate, which for B and C includes the store ``register`` of each call);
+2. ``RENAME`` the staging list onto the worker's queue, and time the drain: from the
+   first message taken to the N-th result stored (results go to a Redis db of their
+   own, counted with ``DBSIZE``);
+3. over the drain, read the worker's CPU (``/proc/<pid>/stat`` utime+stime of the main
+   process and its pool children) and ``INFO commandstats`` of broker and store.
+
+The store is a second ``redis-server``, so its commands are the guard's alone.
+
+    python benchmarks/overhead.py                    # 5000 calls, 3 rounds, both pools
+    python benchmarks/overhead.py --quick            # < 30 s smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import os
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._common import (  # noqa: E402
+    parser,
+    Worker,
+    commandstats,
+    delta,
+    redis_server,
+    spread,
+    table,
+    wait_until,
+    write_json,
+)
+
+VARIANTS = {"plain": "bench.plain", "guarded": "bench.guarded", "tool": "aaa.tool.noop"}
+POOLS = {"prefork": ("prefork", 2), "threads": ("threads", 8)}
+QUEUE, STAGING = "bench", "bench.staging"
+
+#: Commands the store's Lua scripts run: INFO commandstats counts them too, but they travel
+#: inside one EVALSHA round trip. TIME is also the recovery sweep's clock read (1 per sweep).
+LUA_DIR = Path(__file__).resolve().parent.parent / "aaa_celery" / "stores" / "lua"
+IN_SCRIPT = {m.lower() for f in LUA_DIR.glob("*.lua")
+             for m in re.findall(r"redis\.call\(['\"]([A-Za-z]+)['\"]", f.read_text())}
+NOT_COUNTED = {"info"}  # this benchmark's own reads
+
+
+def round_trips(stats: dict[str, int]) -> int:
+    """Client round trips to the store: scripts, plus commands that never run in a script."""
+    return sum(n for cmd, n in stats.items()
+               if cmd in ("evalsha", "eval", "script|load") or (cmd not in IN_SCRIPT and cmd not in NOT_COUNTED))
+
+
+def publish(app: Any, variant: str, n: int, tag: str) -> float:
+    """Send N calls of ``variant`` to the staging list; returns seconds taken."""
+    task = app.tasks[VARIANTS[variant]]
+    t0 = time.perf_counter()
+    for i in range(n):
+        if variant == "tool":
+            task.apply_async(kwargs={"arguments": {"i": i}}, queue=STAGING, task_id=f"{tag}-{i}")
+        else:
+            task.apply_async((i,), queue=STAGING, task_id=f"{tag}-{i}")
+    return time.perf_counter() - t0
+
+
+def one_round(app: Any, worker: Worker, variant: str, n: int, tag: str, broker: Any, results: Any,
+              store: Any, timeout_s: float) -> dict[str, Any]:
+    results.flushdb()
+    store_before_publish = commandstats(store)
+    publish_s = publish(app, variant, n, tag)
+    assert wait_until(lambda: broker.llen(STAGING) == n, 10), "staging list incomplete"
+    store_after_publish = commandstats(store)
+    broker_before, store_before, cpu_before = commandstats(broker), commandstats(store), worker.cpu()
+    broker.rename(STAGING, QUEUE)
+    wait_until(lambda: broker.llen(QUEUE) < n, 10, 0.001)
+    t0 = time.perf_counter()
+    done = wait_until(lambda: results.dbsize() >= n, timeout_s, 0.005)
+    drain_s = time.perf_counter() - t0
+    if not done:
+        raise RuntimeError(f"{variant}: only {results.dbsize()} of {n} results after {timeout_s} s; "
+                           f"see the worker log {worker.log}")
+    cpu = worker.cpu() - cpu_before
+    store_drain = delta(commandstats(store), store_before)
+    broker_drain = delta(commandstats(broker), broker_before)
+    store_publish = delta(store_after_publish, store_before_publish)
+    return {
+        "variant": variant,
+        "per_s": n / drain_s,
+        "drain_s": drain_s,
+        "publish_per_s": n / publish_s,
+        "worker_cpu_ms_per_call": cpu / n * 1e3,
+        "store_cmds_per_call_drain": round_trips(store_drain) / n,
+        "store_cmds_per_call_publish": round_trips(store_publish) / n,
+        "store_redis_commands_per_call_drain": sum(v for k, v in store_drain.items() if k not in NOT_COUNTED) / n,
+        "recovery_sweeps_during_drain": store_drain.get("zrangebyscore", 0) / 2,
+        "store_drain": store_drain,
+        "store_publish": store_publish,
+        "broker_cmds_per_call": sum(broker_drain.values()) / n,
+    }
+
+
+def run_pool(pool: str, args: argparse.Namespace, env: dict[str, str], logdir: Path) -> list[dict[str, Any]]:
+    import redis
+
+    from benchmarks import bench_app
+
+    kind, conc = POOLS[pool]
+    app = bench_app.app
+    broker = redis.Redis.from_url(env["BENCH_BROKER"])
+    results = redis.Redis.from_url(env["BENCH_BACKEND"])
+    store = redis.Redis.from_url(env["BENCH_STORE"])
+    with ExitStack() as stack:
+        worker = Worker(env, kind, conc, queues=QUEUE, name=pool, log=logdir / f"worker-{pool}.log")
+        stack.callback(worker.stop)
+        # Warm up: the worker is consuming once a call round-trips; fills import caches.
+        for variant in VARIANTS:
+            one_round(app, worker, variant, min(200, args.calls), f"warm-{pool}-{variant}",
+                      broker, results, store, 60)
+        rows = []
+        for r in range(args.rounds):
+            for variant in args.variants:
+                row = one_round(app, worker, variant, args.calls, f"{pool}-{r}-{variant}", broker, results,
+                                store, args.timeout)
+                row.update(pool=pool, round=r)
+                print(f"  {pool:8} round {r} {variant:8} {row['per_s']:7.0f} calls/s  "
+                      f"worker CPU {row['worker_cpu_ms_per_call']:.3f} ms/call  "
+                      f"store cmds/call {row['store_cmds_per_call_drain']:.2f} (+{row['store_cmds_per_call_publish']:.2f} at publish)",
+                      flush=True)
+                rows.append(row)
+        return rows
+
+
+def summarize(rows: list[dict[str, Any]], pools: list[str], variants: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pool in pools:
+        by = {v: [r for r in rows if r["pool"] == pool and r["variant"] == v] for v in variants}
+        plain = {r["round"]: r for r in by.get("plain", [])}
+        s: dict[str, Any] = {}
+        for v in variants:
+            rs = by[v]
+            s[v] = {
+                "per_s": spread([r["per_s"] for r in rs]),
+                "publish_per_s": statistics.median(r["publish_per_s"] for r in rs),
+                "worker_cpu_ms_per_call": statistics.median(r["worker_cpu_ms_per_call"] for r in rs),
+                "store_cmds_per_call_drain": statistics.median(r["store_cmds_per_call_drain"] for r in rs),
+                "store_cmds_per_call_publish": statistics.median(r["store_cmds_per_call_publish"] for r in rs),
+                "broker_cmds_per_call": statistics.median(r["broker_cmds_per_call"] for r in rs),
+                "store_commands_last_round": rs[-1]["store_drain"],
+            }
+            if v != "plain" and plain:
+                ratios = [r["per_s"] / plain[r["round"]]["per_s"] for r in rs if r["round"] in plain]
+                s[v]["ratio_to_plain"] = spread(ratios)
+                s[v]["added_cpu_ms_per_call"] = (s[v]["worker_cpu_ms_per_call"]
+                                                 - s["plain"]["worker_cpu_ms_per_call"])
+        out[pool] = s
+    return out
+
+
+def report(summary: dict[str, Any]) -> str:
+    rows = []
+    for pool, s in summary.items():
+        for v, x in s.items():
+            ratio = x.get("ratio_to_plain")
+            rows.append([
+                pool, v, x["per_s"]["median"], f"{x['per_s']['min']:.0f}–{x['per_s']['max']:.0f}",
+                f"{ratio['min']:.2f} / {ratio['median']:.2f} / {ratio['max']:.2f}" if ratio else "1",
+                x["store_cmds_per_call_drain"], x["store_cmds_per_call_publish"],
+                x["worker_cpu_ms_per_call"], x.get("added_cpu_ms_per_call", 0.0), x["publish_per_s"],
+            ])
+    return table(["pool", "variant", "calls/s (median)", "calls/s min–max", "÷ plain min / median / max",
+                  "store round trips / call (worker)", "store round trips / call (publish)",
+                  "worker CPU ms / call", "added CPU ms / call", "publish calls/s"], rows,
+                 "Guard overhead: trivial calls drained by one worker")
+
+
+QUICK = "300 calls, 1 round, prefork"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser(__doc__, "overhead", QUICK)
+    ap.add_argument("--calls", type=int, default=5000, help="calls per variant per round (default %(default)s)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default %(default)s)")
+    ap.add_argument("--pools", default="prefork,threads", help="prefork (-c 2), threads (-c 8)")
+    ap.add_argument("--variants", default="plain,guarded,tool", help="default %(default)s")
+    ap.add_argument("--timeout", type=float, default=300, help="max seconds per drain (default %(default)s)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.calls, args.rounds, args.pools = 300, 1, "prefork"
+    args.variants = args.variants.split(",")
+    pools = args.pools.split(",")
+    logdir = Path(tempfile.mkdtemp(prefix="aaa-bench-overhead-"))
+    rows = []
+    with ExitStack() as stack:
+        broker_srv = stack.enter_context(redis_server(appendonly=False))
+        store_srv = stack.enter_context(redis_server())
+        env = {"BENCH_BROKER": broker_srv.url, "BENCH_BACKEND": broker_srv.url[:-1] + "1",
+               "BENCH_STORE": store_srv.url, "BENCH_QUEUE": QUEUE}
+        os.environ.update(env)  # before bench_app is imported: it reads them
+        for pool in pools:
+            rows += run_pool(pool, args, env, logdir)
+    summary = summarize(rows, pools, args.variants)
+    text = report(summary)
+    print()
+    print(text)
+    path = write_json(args.out, {"config": {**vars(args), "pools": {p: POOLS[p] for p in pools}},
+                                 "rows": rows, "summary": summary, "table": text, "worker_logs": str(logdir)})
+    print(f"\nwrote {path}; worker logs in {logdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""Scale: hold N concurrently leased calls in a store; does a call's cost stay flat?
+
+For each size N (no Celery, the store alone, one client process):
+
+1. fill: ``begin`` N calls and keep every lease (the calls are "running");
+2. with the N held: ``begin`` a probe of K new calls, ``renew`` K held leases,
+   time the recovery sweep's ``expired()``, then ``finish`` the K probe calls;
+3. drain: ``finish`` the N held calls.
+
+Reported: p50/p99 latency of ``begin`` / ``renew`` / ``finish`` at N held, memory
+per leased call (Redis ``used_memory`` delta; PostgreSQL: PSS of the server's
+processes), and the heartbeat cost per running call per second (one ``renew``
+every ``heartbeat_s``; the server CPU is measured over the renewals).
+
+PostgreSQL holds each lease as a session advisory lock on a connection dedicated
+to it, so N leases need N server backends: sizes above ``max_connections`` are
+reported as not feasible, with the reason, instead of being run.
+
+    python benchmarks/scale.py                 # Redis 1k/10k/100k, PostgreSQL up to 1k
+    python benchmarks/scale.py --quick         # < 30 s: Redis 1k, PostgreSQL 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._common import (  # noqa: E402
+    parser,
+    PostgresServer,
+    children,
+    libpq_url,
+    pct,
+    table,
+    write_json,
+)
+
+from aaa_celery.config import GuardConfig  # noqa: E402
+from aaa_celery.lifecycle import CallSpec, Outcome  # noqa: E402
+from aaa_celery.stores.base import Store  # noqa: E402
+
+#: Leases must outlive the whole measurement; heartbeats are costed at the default period.
+SCALE_CONFIG = GuardConfig(lease_ttl_s=3600)
+DEFAULT_HEARTBEAT_S = GuardConfig().heartbeat_period_s
+
+
+def spec(i: int, run: str) -> CallSpec:
+    """A call like ``GuardedTask.call_spec`` makes for a small task."""
+    call_id = f"{run}-{i:07d}"
+    request = {"task": "bench.noop", "args": [i], "kwargs": {}, "queue": "celery", "headers": {}}
+    return CallSpec(call_id, "bench.noop", f"{call_id}/{call_id}", request)
+
+
+def timed(fn: Any, *args: Any) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t0
+
+
+def lat(samples: list[float]) -> dict[str, float]:
+    """p50 / p99 in milliseconds."""
+    return {"p50_ms": pct(samples, 50) * 1e3, "p99_ms": pct(samples, 99) * 1e3, "n": len(samples)}
+
+
+class RedisProbe:
+    """Server-side memory and CPU of a Redis store."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url)
+
+    def memory(self) -> float:
+        return float(self.client.info("memory")["used_memory"])
+
+    def cpu(self) -> float:
+        info = self.client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+    def script_us(self) -> float:
+        """Microseconds Redis spent inside scripts (``INFO commandstats``), excluding network I/O."""
+        stats = self.client.info("commandstats")
+        return float(sum(stats.get(f"cmdstat_{c}", {}).get("usec", 0) for c in ("evalsha", "eval")))
+
+    def reset(self) -> None:
+        self.client.flushdb()
+
+
+class PostgresProbe:
+    """Server-side memory (PSS of every server process) and CPU of a PostgreSQL store."""
+
+    def __init__(self, server: PostgresServer) -> None:
+        self.server = server
+
+    def _pids(self) -> list[int]:
+        root = self.server.pid()
+        return [root, *children(root)] if root else []
+
+    def memory(self) -> float:
+        total = 0
+        for pid in self._pids():
+            try:
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+            except OSError:
+                pass
+        return float(total)
+
+    def cpu(self) -> float:
+        from benchmarks._common import cpu_seconds
+
+        root = self.server.pid()
+        return cpu_seconds(root) if root else 0.0
+
+    def script_us(self) -> float:
+        return float("nan")
+
+    def reset(self) -> None:
+        import psycopg
+
+        with psycopg.connect(libpq_url(self.server.url), autocommit=True) as con:
+            con.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            con.execute("TRUNCATE aaa_calls, aaa_results, aaa_events")
+            con.execute("VACUUM ANALYZE")
+
+
+def measure(store: Store, probe: Any, n: int, k: int, label: str) -> dict[str, Any]:
+    """One size: fill N leases, probe K operations with N held, drain."""
+    probe.reset()
+    worker = f"bench/{label}"
+    run = f"{label}{n}"
+    ok = Outcome.success(None)
+    mem0 = probe.memory()
+
+    t0 = time.perf_counter()
+    fill_lat, leases = [], []
+    for i in range(n):
+        result, dt = timed(store.begin, spec(i, run), worker, SCALE_CONFIG)
+        fill_lat.append(dt)
+        leases.append(result.lease)
+    fill_s = time.perf_counter() - t0
+    time.sleep(0.2)
+    mem1 = probe.memory()
+
+    # With N held: K new begins, K renewals of held leases, the recovery query, K finishes.
+    begin_lat, probe_leases = [], []
+    for i in range(k):
+        result, dt = timed(store.begin, spec(i, f"{run}p"), worker, SCALE_CONFIG)
+        begin_lat.append(dt)
+        probe_leases.append(result.lease)
+    sample = random.Random(n).sample(leases, min(len(leases), max(k, 2000)))
+    cpu0, script0 = probe.cpu(), probe.script_us()
+    renew_lat = []
+    t0 = time.perf_counter()
+    for lease in sample:
+        alive, dt = timed(store.renew, lease)
+        assert alive, f"{label}: lease {lease.call_id} lapsed during the benchmark"
+        renew_lat.append(dt)
+    renew_wall = time.perf_counter() - t0
+    renew_cpu = probe.cpu() - cpu0
+    renew_script_us = (probe.script_us() - script0) / len(sample)
+    expired_lat = []
+    for _ in range(5):
+        found, dt = timed(store.expired)
+        assert not found, f"{label}: {len(found)} held calls reported as expired"
+        expired_lat.append(dt)
+    finish_lat = []
+    for lease in probe_leases:
+        verdict, dt = timed(store.finish, lease, ok, SCALE_CONFIG)
+        finish_lat.append(dt)
+
+    t0 = time.perf_counter()
+    for lease in leases:
+        store.finish(lease, ok, SCALE_CONFIG)
+    drain_s = time.perf_counter() - t0
+    time.sleep(0.2)
+    mem2 = probe.memory()
+
+    per_renew_cpu = renew_cpu / len(sample)
+    per_renew_wall = renew_wall / len(sample)
+    return {
+        "held": n,
+        "probe": k,
+        "fill_per_s": n / fill_s,
+        "fill_begin": lat(fill_lat),
+        "begin": lat(begin_lat),
+        "renew": lat(renew_lat),
+        "finish": lat(finish_lat),
+        "expired_sweep": lat(expired_lat),
+        "drain_finish_per_s": n / drain_s,
+        "bytes_per_leased_call": (mem1 - mem0) / n,
+        "bytes_per_finished_call_retained": (mem2 - mem0) / n,
+        "heartbeat": {
+            "period_s": DEFAULT_HEARTBEAT_S,
+            "round_trips_per_call_per_s": 1 / DEFAULT_HEARTBEAT_S,
+            "server_cpu_us_per_renew": per_renew_cpu * 1e6,
+            "server_script_us_per_renew": renew_script_us,
+            "server_cpu_us_per_call_per_s": per_renew_cpu * 1e6 / DEFAULT_HEARTBEAT_S,
+            "client_wall_us_per_call_per_s": per_renew_wall * 1e6 / DEFAULT_HEARTBEAT_S,
+            "running_calls_per_server_core": (DEFAULT_HEARTBEAT_S / per_renew_cpu) if per_renew_cpu else None,
+        },
+    }
+
+
+class BigPostgres(PostgresServer):
+    """The tests' PostgreSQL with a larger ``max_connections`` (one backend per lease)."""
+
+    max_connections = 1300
+
+    def _spawn(self) -> None:
+        opts = (f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 "
+                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+                f"-c max_connections={self.max_connections}")
+        log = str(self.workdir / "postgres.log")
+        self._run([self._pg_ctl, "-D", str(self.datadir), "-o", opts, "-l", log,
+                   "-w", "-t", "60", "start"], timeout_s=90)
+
+
+def run_redis(sizes: list[int], k: int) -> list[dict[str, Any]]:
+    from benchmarks._common import redis_server
+    from aaa_celery.stores.redis import RedisStore
+
+    rows = []
+    with redis_server() as server:
+        store = RedisStore(server.url)
+        probe = RedisProbe(server.url)
+        for n in sizes:
+            print(f"  redis: {n:,} held ...", flush=True)
+            rows.append({"store": "redis", "requested": n, **measure(store, probe, n, min(k, n), "r")})
+        store.close()
+    return rows
+
+
+def run_postgres(sizes: list[int], k: int, max_connections: int) -> list[dict[str, Any]]:
+    from aaa_celery.stores.postgres import PostgresStore
+
+    BigPostgres.max_connections = max_connections
+    headroom = k + 20  # the probe's own leases, the pool, the sweep, our reset connection
+    capacity = max_connections - headroom
+    rows = []
+    server = BigPostgres.start()
+    try:
+        store = PostgresStore(server.url)
+        probe = PostgresProbe(server)
+        for n in sizes:
+            if n > capacity:
+                rows.append({"store": "postgresql", "requested": n, "held": None, "note": (
+                    f"not feasible: one lease = one dedicated server session (advisory lock), so {n:,} "
+                    f"leases need {n:,} backends; this server allows max_connections={max_connections} "
+                    f"({capacity} after the probe's {k} and headroom). Each backend is a process "
+                    "(~2-10 MB)."
+                )})
+                continue
+            print(f"  postgresql: {n:,} held ...", flush=True)
+            store.close()  # fresh pool: reset() terminates every other session
+            probe.reset()
+            store = PostgresStore(server.url)
+            rows.append({"store": "postgresql", "requested": n, **measure(store, probe, n, min(k, n), "p")})
+        store.close()
+    finally:
+        server.stop()
+    return rows
+
+
+def report(rows: list[dict[str, Any]]) -> str:
+    out = []
+    lat_rows, cost_rows = [], []
+    for r in rows:
+        if r.get("held") is None:
+            lat_rows.append([r["store"], r["requested"], "-", "-", "-", "-", "-", "-", "-", "not feasible"])
+            continue
+        b, rn, f, e = r["begin"], r["renew"], r["finish"], r["expired_sweep"]
+        lat_rows.append([r["store"], r["held"], b["p50_ms"], b["p99_ms"], rn["p50_ms"], rn["p99_ms"],
+                         f["p50_ms"], f["p99_ms"], e["p50_ms"], ""])
+        hb = r["heartbeat"]
+        cost_rows.append([r["store"], r["held"], r["bytes_per_leased_call"], r["bytes_per_finished_call_retained"],
+                          hb["server_cpu_us_per_renew"], hb["server_script_us_per_renew"],
+                          hb["server_cpu_us_per_call_per_s"],
+                          hb["running_calls_per_server_core"] or float("nan"), r["fill_per_s"]])
+    out.append(table(
+        ["store", "leased calls held", "begin p50 ms", "begin p99 ms", "renew p50 ms", "renew p99 ms",
+         "finish p50 ms", "finish p99 ms", "expired() sweep ms", "note"], lat_rows,
+        "Latency with N calls leased at once (one client, loopback)"))
+    out.append("")
+    out.append(table(
+        ["store", "held", "bytes / leased call", "bytes / finished call (retained)",
+         "server CPU µs / renew", "in-script µs / renew", f"heartbeat: server CPU µs / running call / s (heartbeat {DEFAULT_HEARTBEAT_S:g} s)",
+         "running calls one server core can heartbeat", "begin/s (fill)"], cost_rows,
+        "Memory and heartbeat cost"))
+    notes = [r["note"] for r in rows if r.get("note")]
+    if notes:
+        out += ["", *[f"- postgresql {r['requested']:,}: {r['note']}" for r in rows if r.get("note")]]
+    return "\n".join(out)
+
+
+def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """p99 at the largest size held / p99 at the smallest, per store (target: <= 2)."""
+    out = {}
+    for kind in ("redis", "postgresql"):
+        got = [r for r in rows if r["store"] == kind and r.get("held")]
+        if len(got) < 2:
+            continue
+        lo, hi = got[0], got[-1]
+        out[kind] = {
+            "from": lo["held"], "to": hi["held"],
+            **{f"{op}_p99_ratio": hi[op]["p99_ms"] / lo[op]["p99_ms"] for op in ("begin", "renew", "finish")},
+        }
+    return out
+
+
+QUICK = "Redis 1k, PostgreSQL 100"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser(__doc__, "scale", QUICK)
+    ap.add_argument("--sizes", default="1000,10000,100000", help="Redis sizes, comma-separated (default %(default)s)")
+    ap.add_argument("--pg-sizes", default="100,1000,10000,100000",
+                    help="PostgreSQL sizes; those above max_connections are reported as not feasible")
+    ap.add_argument("--probe", type=int, default=1000, help="operations timed per size for Redis (default %(default)s)")
+    ap.add_argument("--pg-probe", type=int, default=100, help="operations timed per size for PostgreSQL")
+    ap.add_argument("--pg-max-connections", type=int, default=1300,
+                    help="max_connections of the benchmark's PostgreSQL (default %(default)s)")
+    ap.add_argument("--stores", default="redis,postgresql", help="which stores (default %(default)s)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.sizes, args.pg_sizes, args.probe, args.pg_probe, args.pg_max_connections = "1000", "100", 200, 50, 200
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    pg_sizes = [int(s) for s in args.pg_sizes.split(",") if s]
+    stores = args.stores.split(",")
+
+    rows: list[dict[str, Any]] = []
+    if "redis" in stores:
+        rows += run_redis(sizes, args.probe)
+    if "postgresql" in stores:
+        rows += run_postgres(pg_sizes, args.pg_probe, args.pg_max_connections)
+    text = report(rows)
+    growth = ratios(rows)
+    print()
+    print(text)
+    for kind, g in growth.items():
+        print(f"\n{kind}: p99 at {g['to']:,} / p99 at {g['from']:,}: begin {g['begin_p99_ratio']:.2f}x, "
+              f"renew {g['renew_p99_ratio']:.2f}x, finish {g['finish_p99_ratio']:.2f}x (target: begin/finish <= 2x)")
+    path = write_json(args.out, {"config": {"lease_ttl_s": SCALE_CONFIG.lease_ttl_s,
+                                            "heartbeat_costed_at_s": DEFAULT_HEARTBEAT_S, **vars(args)},
+                                 "rows": rows, "p99_growth": growth, "table": text})
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
