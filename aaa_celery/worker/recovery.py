@@ -27,7 +27,10 @@ log = logging.getLogger("aaa_celery.recovery")
 
 DEFAULT_INTERVAL_S = 2.0
 DEFAULT_UNCLAIMED_GRACE_S = 300.0
-DEFAULT_HOLD_S = 30.0
+#: How long one worker's republish of a call keeps the others from republishing it.
+#: It also bounds how soon the same call can be recovered again (a second crash
+#: right after a takeover), since the store keeps the hold after the call is claimed.
+DEFAULT_HOLD_S = 10.0
 
 
 def recover(app: Celery, store: Store, worker: str) -> list[str]:

@@ -52,3 +52,60 @@ def test_kill_9_main_mid_call_at_least_once_runs_attempt_2_on_other_worker(fleet
     assert len(f.ledger.entries(result.id, "start")) == 2
     assert types(f.store, result.id) == [STARTED, STARTED, COMPLETED]
     assert f.store.result(result.id).value == value
+
+
+def test_kill_9_main_mid_call_at_most_once_raises_outcome_unknown_without_attempt_2(fleet):
+    f = fleet(TTL=TTL)
+    result = f.client.tasks["fleet.long_amo"].delay(4.0)
+    first = started(f, result.id)[0]
+    killed_at = time.monotonic()
+    holder_of(f, first).kill()
+    with pytest.raises(OutcomeUnknown) as err:
+        result.get(timeout=TAKEOVER_S + 5)
+    assert time.monotonic() - killed_at < TAKEOVER_S
+    assert "may" in str(err.value) and "retry" in str(err.value)
+    time.sleep(1.0)
+    assert len(f.ledger.entries(result.id, "start")) == 1
+    assert types(f.store, result.id) == [STARTED, FAILED]
+    assert f.store.result(result.id).error == "OutcomeUnknown"
+
+
+def test_kill_9_child_mid_call_at_least_once_runs_attempt_2(fleet):
+    f = fleet(TTL=TTL)
+    result = f.client.tasks["fleet.long"].delay(3.0)
+    first = started(f, result.id)[0]
+    holder = holder_of(f, first)
+    killed_at = time.time()
+    kill_child(holder, first["pid"])
+    second = started(f, result.id, 2, TAKEOVER_S)[1]
+    assert second["at"] - killed_at < TAKEOVER_S and second["attempt"] == 2
+    assert result.get(timeout=30)["attempt"] == 2
+    assert holder.alive  # only the child died
+    assert len(f.ledger.entries(result.id, "start")) == 2
+    assert types(f.store, result.id) == [STARTED, STARTED, COMPLETED]
+
+
+def test_kill_9_child_mid_call_at_most_once_raises_outcome_unknown(fleet):
+    f = fleet(TTL=TTL)
+    result = f.client.tasks["fleet.long_amo"].delay(3.0)
+    first = started(f, result.id)[0]
+    killed_at = time.monotonic()
+    kill_child(holder_of(f, first), first["pid"])
+    with pytest.raises(OutcomeUnknown):
+        result.get(timeout=TAKEOVER_S + 5)
+    assert time.monotonic() - killed_at < TAKEOVER_S
+    time.sleep(1.0)
+    assert len(f.ledger.entries(result.id, "start")) == 1
+    assert types(f.store, result.id) == [STARTED, FAILED]
+
+
+def test_poison_call_that_kills_its_worker_ends_in_execution_abandoned_after_max_attempts(fleet):
+    f = fleet(TTL=TTL)
+    result = f.client.tasks["fleet.poison"].delay()
+    with pytest.raises(ExecutionAbandoned):
+        result.get(timeout=60)
+    time.sleep(2.0)  # copies the broker still redelivers must not run the body again
+    starts = f.ledger.entries(result.id, "start")
+    assert [s["attempt"] for s in starts] == [1, 2, 3]
+    assert types(f.store, result.id) == [STARTED, STARTED, STARTED, FAILED]
+    assert all(w.alive for w in f)
