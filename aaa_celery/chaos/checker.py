@@ -1,0 +1,354 @@
+"""The invariant checker: the store's audit trail plus the effect ledger, call by call.
+
+``check_history(store, ledger, calls)`` returns every :class:`Violation` of:
+
+* **I1** Every call sent reaches exactly one recorded result: completed, failed,
+  ``OutcomeUnknown`` or ``ExecutionAbandoned``. Nothing is lost, nothing has two
+  results (and no attempt starts after the result).
+* **I2** No two body executions of one call overlap in time while both hold a
+  valid lease. The ledger shows when a body really ran (its ``tick`` entries);
+  once a later execution has started, an earlier one may go on only for the
+  window the guide allows a stalled worker: until its next heartbeat, so
+  ``heartbeat_s`` plus ``slack_s`` from the moment it next runs. Anything later
+  ran without a valid lease, beside the new holder.
+* **I3** ``at_most_once``: at most one body start per call (and one attempt record).
+* **I4** ``at_least_once``: at most ``max_attempts`` body starts; attempt numbers
+  are contiguous from 1, each body run has its attempt record, and no attempt
+  runs twice.
+* **I5** A result from a superseded attempt appears only as ``stale_result``:
+  the recorded result comes from the newest attempt started before it.
+* **I6** For calls whose tool passes ``ctx.idempotency_key`` to the ledger's effect
+  table, a completed call's effect is applied exactly once.
+* **I7** A completed call's recorded result equals the value that the attempt
+  which wrote it returned (the ledger's ``end`` entry of that attempt).
+
+With ``store=None`` the checker works from the ledger alone (the plain-Celery
+baseline, which has no store): a call's results are its bodies' ``end`` entries,
+executions are numbered in start order, any overlap counts for I2, and I5/I7,
+which need the audit trail, are not checked.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from ..lifecycle import COMPLETED, FAILED, FENCED, STALE_RESULT, STARTED, Event, Outcome
+from .ledger import EFFECT, END, START, BaseLedger
+
+INVARIANTS = ("I1", "I2", "I3", "I4", "I5", "I6", "I7")
+LEDGER_ONLY = ("I1", "I2", "I3", "I4", "I6")
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: str
+    call_id: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.invariant} {self.call_id}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call the workload sent: what the checker must know about its tool."""
+
+    call_id: str
+    delivery: str = "at_least_once"
+    max_attempts: int = 3
+    keyed: bool = False
+    task: str = ""
+    duration_s: float = 0.0
+    sent_at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class AuditTrail(Protocol):
+    def events(self, call_id: str) -> list[Event]: ...
+
+    def result(self, call_id: str) -> Outcome | None: ...
+
+
+class RecordedStore:
+    """A store's audit trail as plain data (crafted histories, or a saved report)."""
+
+    def __init__(self, events: dict[str, list[Event]] | None = None,
+                 results: dict[str, Outcome] | None = None) -> None:
+        self._events = {k: list(v) for k, v in (events or {}).items()}
+        self._results = dict(results or {})
+
+    def events(self, call_id: str) -> list[Event]:
+        return list(self._events.get(call_id, []))
+
+    def result(self, call_id: str) -> Outcome | None:
+        return self._results.get(call_id)
+
+    @classmethod
+    def snapshot(cls, store: AuditTrail, call_ids: Iterable[str]) -> RecordedStore:
+        ids = list(call_ids)
+        results = {c: r for c in ids if (r := store.result(c)) is not None}
+        return cls({c: store.events(c) for c in ids}, results)
+
+
+@dataclass
+class Execution:
+    """One body run, from the ledger."""
+
+    exec_id: str
+    call_id: str
+    attempt: int | None
+    pid: int | None
+    host: str | None
+    start_at: float | None = None
+    points: list[float] = field(default_factory=list)
+    ended: bool = False
+    value: Any = None
+    end_at: float | None = None
+
+    @property
+    def first_at(self) -> float:
+        return self.start_at if self.start_at is not None else min(self.points)
+
+    @property
+    def last_at(self) -> float:
+        return max(self.points)
+
+
+def executions(entries: Sequence[dict[str, Any]]) -> dict[str, list[Execution]]:
+    """The ledger's body runs, grouped by call, each call's in start order."""
+    runs: dict[str, Execution] = {}
+    for e in entries:
+        ex = runs.get(e["exec"])
+        if ex is None:
+            ex = runs[e["exec"]] = Execution(e["exec"], e["call_id"], e.get("attempt"), e.get("pid"), e.get("host"))
+        ex.points.append(float(e["at"]))
+        if e["kind"] == START:
+            ex.start_at = float(e["at"])
+        elif e["kind"] == END:
+            ex.ended, ex.value, ex.end_at = True, e.get("value"), float(e["at"])
+    by_call: dict[str, list[Execution]] = defaultdict(list)
+    for ex in runs.values():
+        by_call[ex.call_id].append(ex)
+    for runs_of_call in by_call.values():
+        runs_of_call.sort(key=lambda x: x.first_at)
+    return by_call
+
+
+def _norm(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def check_history(
+    store: AuditTrail | None,
+    ledger: BaseLedger | Sequence[dict[str, Any]],
+    calls: Iterable[Call | str],
+    *,
+    heartbeat_s: float = 5.0,
+    slack_s: float = 1.0,
+) -> list[Violation]:
+    """Every violation of I1..I7 in the history of ``calls``.
+
+    ``ledger`` is a :class:`~aaa_celery.chaos.ledger.BaseLedger` or its entries.
+    ``heartbeat_s`` is the guard's renewal period (the window a stalled attempt may
+    still run after waking, I2); ``slack_s`` absorbs scheduling and clock jitter.
+    ``store=None``: ledger-only (baseline) mode, see the module docstring.
+    """
+    entries = ledger.entries() if isinstance(ledger, BaseLedger) else list(ledger)
+    runs = executions(entries)
+    effects: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in entries:
+        if e["kind"] == EFFECT:
+            effects[e["call_id"]].append(e)
+    out: list[Violation] = []
+    for c in calls:
+        call = Call(c) if isinstance(c, str) else c
+        execs = runs.get(call.call_id, [])
+        if store is None:
+            out += _check_ledger_only(call, execs, effects.get(call.call_id, []))
+        else:
+            out += _check_guarded(call, store, execs, effects.get(call.call_id, []), heartbeat_s + slack_s)
+    return out
+
+
+# -- the guarded history (store + ledger) -----------------------------------------------
+
+
+def _check_guarded(call: Call, store: AuditTrail, execs: list[Execution], effects: list[dict[str, Any]],
+                   window_s: float) -> list[Violation]:
+    cid = call.call_id
+    v: list[Violation] = []
+    events = store.events(cid)
+    result = store.result(cid)
+    results = [e for e in events if e.type in (COMPLETED, FAILED)]
+    starts = [e for e in events if e.type == STARTED]
+
+    # I1: exactly one result
+    if result is None and not results:
+        v.append(Violation("I1", cid, f"no result (lost): {len(starts)} attempt(s), {len(execs)} body run(s)"))
+    elif len(results) > 1:
+        v.append(Violation("I1", cid, f"{len(results)} results recorded: {[e.type for e in results]}"))
+    elif result is None or not results:
+        v.append(Violation("I1", cid, "the result and the audit trail disagree (one has no result)"))
+    elif result.ok != (results[0].type == COMPLETED):
+        v.append(Violation("I1", cid, f"recorded result ok={result.ok} but the trail says {results[0].type}"))
+    if results:
+        first = events.index(results[0])
+        late = [e.attempt for e in events[first + 1:] if e.type == STARTED]
+        if late:
+            v.append(Violation("I1", cid, f"attempt(s) {late} started after the call had its result"))
+
+    # I2: no overlap while both hold a valid lease
+    v += _overlaps(cid, execs, window_s)
+
+    attempts = [e.attempt for e in starts]
+    body_attempts = Counter(x.attempt for x in execs if x.start_at is not None)
+    twice = sorted(a for a, n in body_attempts.items() if n > 1)
+    if call.delivery == "at_most_once":
+        # I3
+        n_bodies = sum(body_attempts.values())
+        if n_bodies > 1:
+            v.append(Violation("I3", cid, f"at_most_once call ran its body {n_bodies} times"))
+        if len(attempts) > 1:
+            v.append(Violation("I3", cid, f"at_most_once call has {len(attempts)} attempt records {attempts}"))
+    else:
+        # I4
+        n_bodies = sum(body_attempts.values())
+        if n_bodies > call.max_attempts:
+            v.append(Violation("I4", cid, f"{n_bodies} body starts > max_attempts={call.max_attempts}"))
+        if attempts != list(range(1, len(attempts) + 1)):
+            v.append(Violation("I4", cid, f"attempt numbers {attempts} are not contiguous from 1"))
+        if len(attempts) > call.max_attempts:
+            v.append(Violation("I4", cid, f"{len(attempts)} attempt records > max_attempts={call.max_attempts}"))
+        if twice:
+            v.append(Violation("I4", cid, f"attempt(s) {twice} ran their body more than once"))
+    unrecorded = sorted({a for a in body_attempts if a not in attempts}, key=lambda a: (a is None, a or 0))
+    if unrecorded:
+        inv = "I3" if call.delivery == "at_most_once" else "I4"
+        v.append(Violation(inv, cid, f"body ran as attempt(s) {unrecorded} without an attempt record"))
+
+    # I5: a superseded attempt's result is only ever a stale_result
+    if results:
+        r = results[0]
+        before = [e.attempt for e in events[: events.index(r)] if e.type == STARTED]
+        newest = max(before, default=0)
+        if r.attempt < newest:
+            v.append(Violation("I5", cid, f"result of attempt {r.attempt} recorded as {r.type} "
+                                          f"after attempt {newest} had started (should be stale_result)"))
+        if r.attempt not in before:
+            v.append(Violation("I5", cid, f"result of attempt {r.attempt}, which was never started"))
+    if result is not None and results and result.attempt != results[0].attempt:
+        v.append(Violation("I5", cid, f"recorded result is attempt {result.attempt}, trail says {results[0].attempt}"))
+    for e in events:
+        if e.type == STALE_RESULT and not any(s.attempt > e.attempt for s in starts):
+            v.append(Violation("I5", cid, f"attempt {e.attempt} was fenced as stale but no newer attempt exists"))
+
+    # I6: a keyed effect is applied exactly once for a completed call
+    completed = result is not None and result.ok
+    v += _effects_once(call, effects, completed)
+
+    # I7: the recorded value is what the writing attempt returned
+    if completed and result is not None:
+        ends = [x for x in execs if x.ended and x.attempt == result.attempt]
+        if not ends:
+            v.append(Violation("I7", cid, f"completed by attempt {result.attempt}, but no body of that attempt returned"))
+        elif not any(_norm(x.value) == _norm(result.value) for x in ends):
+            v.append(Violation("I7", cid, f"recorded value {_norm(result.value)[:80]} != returned "
+                                          f"{_norm(ends[0].value)[:80]} (attempt {result.attempt})"))
+    return v
+
+
+def _overlaps(cid: str, execs: list[Execution], window_s: float) -> list[Violation]:
+    """I2: an execution active after a later one started, beyond ``window_s`` from its
+    first activity since that start (the stalled-worker window; 0 in baseline mode)."""
+    v = []
+    for i, a in enumerate(execs):
+        for b in execs[i + 1:]:
+            b_start, b_last = b.first_at, b.last_at
+            during = sorted(t for t in a.points if b_start < t <= b_last)
+            if not during:
+                continue
+            resumed = during[0]
+            beyond = [t for t in during if t - resumed > window_s] if window_s > 0 else during
+            if beyond:
+                v.append(Violation(
+                    "I2", cid,
+                    f"run {a.exec_id} (attempt {a.attempt}, pid {a.pid}) was still running "
+                    f"{beyond[-1] - b_start:.2f} s after run {b.exec_id} (attempt {b.attempt}, pid {b.pid}) started",
+                ))
+    return v
+
+
+def _effects_once(call: Call, effects: list[dict[str, Any]], completed: bool) -> list[Violation]:
+    if not call.keyed and not effects:
+        return []
+    applied = Counter(e["key"] for e in effects if e.get("applied"))
+    v = [Violation("I6", call.call_id, f"effect {k!r} applied {n} times") for k, n in applied.items() if n > 1]
+    if completed and call.keyed and not applied:
+        v.append(Violation("I6", call.call_id, "the call completed but its keyed effect was never applied"))
+    return v
+
+
+# -- ledger only (plain Celery baseline) ------------------------------------------------
+
+
+def _check_ledger_only(call: Call, execs: list[Execution], effects: list[dict[str, Any]]) -> list[Violation]:
+    cid = call.call_id
+    v: list[Violation] = []
+    ends = [x for x in execs if x.ended]
+    if not ends:
+        v.append(Violation("I1", cid, f"no result (lost): {len(execs)} body run(s), none returned"))
+    elif len(ends) > 1:
+        v.append(Violation("I1", cid, f"completed {len(ends)} times"))
+    v += _overlaps(cid, execs, 0.0)
+    n = len([x for x in execs if x.start_at is not None])
+    if call.delivery == "at_most_once" and n > 1:
+        v.append(Violation("I3", cid, f"at_most_once call ran its body {n} times"))
+    if call.delivery != "at_most_once" and n > call.max_attempts:
+        v.append(Violation("I4", cid, f"{n} body starts > max_attempts={call.max_attempts}"))
+    v += _effects_once(call, effects, bool(ends))
+    return v
+
+
+# -- counts for the report ----------------------------------------------------------------
+
+
+def summarize(store: AuditTrail | None, ledger: BaseLedger | Sequence[dict[str, Any]],
+              calls: Sequence[Call], violations: Sequence[Violation]) -> dict[str, Any]:
+    """Counts for the report table: results by kind, body starts, re-runs, effects."""
+    entries = ledger.entries() if isinstance(ledger, BaseLedger) else list(ledger)
+    runs = executions(entries)
+    results: Counter[str] = Counter()
+    stale = fenced = 0
+    for call in calls:
+        execs = runs.get(call.call_id, [])
+        if store is None:
+            n = len([x for x in execs if x.ended])
+            results["completed" if n == 1 else "no result" if n == 0 else "completed twice or more"] += 1
+            continue
+        r = store.result(call.call_id)
+        results["no result" if r is None else "completed" if r.ok else (r.error or "failed")] += 1
+        for e in store.events(call.call_id):
+            stale += e.type == STALE_RESULT
+            fenced += e.type == FENCED
+    starts = [x for c in calls for x in runs.get(c.call_id, []) if x.start_at is not None]
+    per_call = Counter(x.call_id for x in starts)
+    effects = [e for e in entries if e["kind"] == EFFECT]
+    return {
+        "calls": len(calls),
+        "results": dict(sorted(results.items())),
+        "body_starts": len(starts),
+        "calls_run_more_than_once": sum(1 for n in per_call.values() if n > 1),
+        "bodies_returned": sum(1 for x in starts if x.ended),
+        "calls_with_overlapping_runs": len({v.call_id for v in violations if v.invariant == "I2"}),
+        "effects_applied": sum(1 for e in effects if e.get("applied")),
+        "effects_deduplicated_by_key": sum(1 for e in effects if not e.get("applied")),
+        "stale_results_fenced": stale,
+        "attempts_cancelled_on_lost_lease": fenced,
+        "violations": {inv: sum(1 for v in violations if v.invariant == inv) for inv in INVARIANTS},
+    }

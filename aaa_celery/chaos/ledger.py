@@ -1,0 +1,155 @@
+"""The effect ledger: what tool bodies really did, recorded outside the guard's store.
+
+A workload tool writes, for every body execution:
+
+* ``start``: the body began (call id, attempt/fence from ``ctx``, pid, host, time);
+* ``tick``: the body is still running (written every few tenths of a second), so
+  a checker sees when an execution was really executing, including ones the
+  guard fenced, a crash cut short, or a ``SIGSTOP`` froze;
+* ``effect``: an attempt to apply the call's external effect under its
+  idempotency key; the effect table has a uniqueness constraint on the key
+  (Redis ``HSETNX``), so ``applied`` is True for exactly one try per key;
+* ``end``: the body returned ``value`` (written just before it returns).
+
+Every execution carries an ``exec`` id (a fresh UUID), so two runs of the same
+attempt, or plain-Celery runs without attempt numbers, stay apart.
+
+:class:`Ledger` keeps this in Redis (one list of JSON entries, one hash for the
+effect table); :class:`MemoryLedger` keeps it in a Python list, for crafted
+histories in tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from typing import Any
+
+START, TICK, EFFECT, END = "start", "tick", "effect", "end"
+
+
+def new_exec_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+class BaseLedger:
+    """The ledger's interface: append entries, read them back, apply keyed effects."""
+
+    def append(self, entry: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every entry, in the order written."""
+        raise NotImplementedError
+
+    def _setnx(self, key: str, value: str) -> bool:
+        raise NotImplementedError
+
+    def effect_table(self) -> dict[str, dict[str, Any]]:
+        """The effect table: idempotency key -> the one applied effect."""
+        raise NotImplementedError
+
+    def clear(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:  # noqa: B027 - optional
+        pass
+
+    # -- what a tool body writes --------------------------------------------
+    def record(self, kind: str, call_id: str, exec_id: str, *, attempt: int | None = None,
+               fence: int | None = None, **fields: Any) -> dict[str, Any]:
+        entry = {
+            "kind": kind,
+            "call_id": call_id,
+            "exec": exec_id,
+            "attempt": attempt,
+            "fence": fence,
+            "pid": os.getpid(),
+            "host": fields.pop("host", None) or socket.gethostname(),
+            "at": time.time(),
+            **fields,
+        }
+        self.append(entry)
+        return entry
+
+    def apply_effect(self, key: str, call_id: str, exec_id: str, *, attempt: int | None = None,
+                     fence: int | None = None, **fields: Any) -> bool:
+        """Apply the effect under ``key`` once: True if this try applied it, False if a
+        previous try already had (a duplicate prevented by the uniqueness constraint)."""
+        row = json.dumps({"call_id": call_id, "exec": exec_id, "attempt": attempt, "at": time.time()})
+        applied = self._setnx(key, row)
+        self.record(EFFECT, call_id, exec_id, attempt=attempt, fence=fence, key=key, applied=applied, **fields)
+        return applied
+
+
+class Ledger(BaseLedger):
+    """A ledger in Redis: ``<prefix>:entries`` (a list) and ``<prefix>:effects`` (a hash)."""
+
+    def __init__(self, url: str, prefix: str = "aaa:chaos:ledger") -> None:
+        import redis
+
+        self.url, self.prefix = url, prefix
+        self._pid = os.getpid()
+        self._redis = redis.Redis.from_url(url, decode_responses=True)
+
+    def _client(self) -> Any:
+        if self._pid != os.getpid():  # forked: never share the parent's sockets
+            import redis
+
+            self._pid = os.getpid()
+            self._redis = redis.Redis.from_url(self.url, decode_responses=True)
+        return self._redis
+
+    def append(self, entry: dict[str, Any]) -> None:
+        self._client().rpush(f"{self.prefix}:entries", json.dumps(entry, separators=(",", ":")))
+
+    def entries(self) -> list[dict[str, Any]]:
+        return [json.loads(e) for e in self._client().lrange(f"{self.prefix}:entries", 0, -1)]
+
+    def _setnx(self, key: str, value: str) -> bool:
+        return bool(self._client().hsetnx(f"{self.prefix}:effects", key, value))
+
+    def effect_table(self) -> dict[str, dict[str, Any]]:
+        raw = self._client().hgetall(f"{self.prefix}:effects")
+        return {k: json.loads(v) for k, v in raw.items()}
+
+    def clear(self) -> None:
+        self._client().delete(f"{self.prefix}:entries", f"{self.prefix}:effects")
+
+    def close(self) -> None:
+        self._redis.close()
+
+
+class MemoryLedger(BaseLedger):
+    """A ledger in a list, for one process and for crafted histories.
+
+    ``unique=False`` drops the effect table's uniqueness constraint (every try
+    applies), which is how a checker test builds an I6 violation.
+    """
+
+    def __init__(self, entries: list[dict[str, Any]] | None = None, *, unique: bool = True) -> None:
+        self._entries: list[dict[str, Any]] = list(entries or [])
+        self._effects: dict[str, dict[str, Any]] = {}
+        self.unique = unique
+
+    def append(self, entry: dict[str, Any]) -> None:
+        self._entries.append(dict(entry))
+
+    def entries(self) -> list[dict[str, Any]]:
+        return [dict(e) for e in self._entries]
+
+    def _setnx(self, key: str, value: str) -> bool:
+        if self.unique and key in self._effects:
+            return False
+        self._effects.setdefault(key, json.loads(value))
+        return True
+
+    def effect_table(self) -> dict[str, dict[str, Any]]:
+        return dict(self._effects)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._effects.clear()

@@ -1,0 +1,285 @@
+"""The checker on crafted histories: for each invariant, one history that breaks
+exactly it (reported) and one that keeps it (not reported)."""
+
+from __future__ import annotations
+
+import pytest
+
+from aaa_celery.chaos.checker import Call, RecordedStore, check_history, summarize
+from aaa_celery.chaos.ledger import MemoryLedger
+from aaa_celery.lifecycle import COMPLETED, FAILED, FENCED, STALE_RESULT, STARTED, Event, Outcome, event_id
+
+HB = 0.5  # heartbeat_s the crafted histories assume
+CHECK = {"heartbeat_s": HB, "slack_s": 0.5}
+
+
+class History:
+    """Builds a store audit trail and a ledger together."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, list[Event]] = {}
+        self.results: dict[str, Outcome] = {}
+        self.ledger = MemoryLedger()
+        self.calls: list[Call] = []
+
+    def call(self, cid: str, **kw) -> str:
+        self.calls.append(Call(cid, **kw))
+        return cid
+
+    # the audit trail
+    def ev(self, cid: str, kind: str, attempt: int, at: float, **data) -> None:
+        self.events.setdefault(cid, []).append(Event(event_id(cid, kind, attempt), kind, cid, attempt, data, at))
+
+    def result(self, cid: str, attempt: int, value=None, *, error: str | None = None, at: float = 0.0) -> None:
+        if error:
+            out = Outcome.failure(error, "x", attempt)
+            self.ev(cid, FAILED, attempt, at, error=error)
+        else:
+            out = Outcome.success(value, attempt)
+            self.ev(cid, COMPLETED, attempt, at, value=value)
+        self.results[cid] = out
+
+    # the ledger: a body run from t0 to t1, ticking every 0.1 s
+    def body(self, cid: str, attempt: int, t0: float, t1: float, *, value=None, returns: bool = True,
+             key: str | None = None, exec_id: str | None = None, resume: bool = False) -> None:
+        ex = exec_id or f"{cid}-a{attempt}-{t0}"
+        base = {"kind": "start", "call_id": cid, "exec": ex, "attempt": attempt, "fence": attempt, "pid": 100 + (attempt or 0)}
+        self.ledger.append({**base, "kind": "tick" if resume else "start", "at": t0})
+        t = t0 + 0.1
+        while t < t1:
+            self.ledger.append({**base, "kind": "tick", "at": round(t, 3)})
+            t += 0.1
+        if key is not None:
+            self.ledger.append({**base, "kind": "effect", "key": key,
+                                "applied": self.ledger._setnx(key, '{"call_id": "%s"}' % cid), "at": t1})
+        if returns:
+            self.ledger.append({**base, "kind": "end", "value": value, "at": t1})
+
+    def lost(self, cid: str, attempt: int, t0: float, t1: float | None = None, **kw) -> None:
+        """An attempt record and a body run that never returned (killed, or cancelled)."""
+        self.ev(cid, STARTED, attempt, t0)
+        self.body(cid, attempt, t0, t0 + 0.5 if t1 is None else t1, returns=False, **kw)
+
+    def clean(self, cid: str, attempt: int = 1, value=None, t0: float = 0.0, dur: float = 1.0, **kw) -> None:
+        """An attempt that runs its body and records what it returned."""
+        value = value if value is not None else {"attempt": attempt}
+        self.ev(cid, STARTED, attempt, t0)
+        self.body(cid, attempt, t0, t0 + dur, value=value, **kw)
+        self.result(cid, attempt, value, at=t0 + dur)
+
+    def check(self, *, ledger_only: bool = False):
+        store = None if ledger_only else RecordedStore(self.events, self.results)
+        return check_history(store, self.ledger, self.calls, **CHECK)
+
+
+def invariants(violations):
+    return sorted({v.invariant for v in violations})
+
+
+def test_a_clean_history_has_no_violations():
+    h = History()
+    h.clean(h.call("c1"))
+    h.clean(h.call("c2", delivery="at_most_once"))
+    h.clean(h.call("c3", keyed=True), key="k3")
+    # a takeover done right: attempt 1 dies at 1.0, attempt 2 starts after the TTL
+    cid = h.call("c4")
+    h.lost(cid, 1, 0.0, 1.0)
+    h.ev(cid, STARTED, 2, 3.0)
+    h.body(cid, 2, 3.0, 4.0, value={"attempt": 2})
+    h.result(cid, 2, {"attempt": 2})
+    # at_most_once lost attempt: OutcomeUnknown is a result
+    cid = h.call("c5", delivery="at_most_once")
+    h.lost(cid, 1, 0.0, 0.5)
+    h.result(cid, 1, error="OutcomeUnknown")
+    assert h.check() == []
+    assert summarize(RecordedStore(h.events, h.results), h.ledger, h.calls, [])["results"] == {
+        "OutcomeUnknown": 1, "completed": 4}
+
+
+# -- I1 ---------------------------------------------------------------------------------
+
+
+def test_i1_lost_call_is_reported():
+    h = History()
+    cid = h.call("lost")
+    h.lost(cid, 1, 0.0, 1.0)
+    assert invariants(h.check()) == ["I1"]
+
+
+def test_i1_two_results_are_reported():
+    h = History()
+    cid = h.call("twice")
+    h.clean(cid)
+    h.ev(cid, COMPLETED, 1, 2.0, value={"attempt": 1})
+    assert invariants(h.check()) == ["I1"]
+
+
+def test_i1_kept_by_a_failed_result():
+    h = History()
+    cid = h.call("abandoned")
+    for n in (1, 2, 3):
+        h.lost(cid, n, n * 3.0, n * 3.0 + 0.5)
+    h.result(cid, 3, error="ExecutionAbandoned", at=12.0)
+    assert h.check() == []
+
+
+# -- I2 ---------------------------------------------------------------------------------
+
+
+def test_i2_overlap_while_both_hold_the_lease_is_reported():
+    h = History()
+    cid = h.call("overlap")
+    h.lost(cid, 1, 0.0, 4.0)  # attempt 1 keeps running through attempt 2
+    h.clean(cid, attempt=2, t0=1.0, dur=2.0)
+    assert invariants(h.check()) == ["I2"]
+
+
+def test_i2_kept_by_a_stalled_attempt_that_stops_within_one_heartbeat():
+    h = History()
+    cid = h.call("stall")
+    h.ev(cid, STARTED, 1, 0.0)
+    h.body(cid, 1, 0.0, 0.5, returns=False, exec_id="a1")   # runs, then frozen at 0.5
+    h.ev(cid, STARTED, 2, 3.0)
+    h.body(cid, 2, 3.0, 5.0, value={"attempt": 2})
+    h.body(cid, 1, 4.0, 4.4, returns=False, exec_id="a1", resume=True)  # thawed at 4.0, cancelled within HB
+    h.ev(cid, FENCED, 1, 4.4)
+    h.result(cid, 2, {"attempt": 2})
+    assert h.check() == []
+
+
+# -- I3 ---------------------------------------------------------------------------------
+
+
+def test_i3_at_most_once_run_twice_is_reported():
+    h = History()
+    cid = h.call("amo", delivery="at_most_once")
+    h.lost(cid, 1, 0.0, 0.5)
+    h.clean(cid, attempt=2, t0=3.0)
+    assert invariants(h.check()) == ["I3"]
+
+
+def test_i3_kept_by_one_run():
+    h = History()
+    h.clean(h.call("amo", delivery="at_most_once"))
+    assert h.check() == []
+
+
+# -- I4 ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cap,expected", [(2, ["I4"]), (3, [])])
+def test_i4_more_than_max_attempts_is_reported(cap, expected):
+    h = History()
+    cid = h.call("three", max_attempts=cap)
+    for n in (1, 2):
+        h.lost(cid, n, n * 3.0, n * 3.0 + 0.5)
+    h.clean(cid, attempt=3, t0=10.0)
+    assert invariants(h.check()) == expected
+
+
+def test_i4_a_gap_in_attempt_numbers_is_reported():
+    h = History()
+    cid = h.call("gap")
+    h.lost(cid, 1, 0.0, 0.5)
+    h.clean(cid, attempt=3, t0=3.0)
+    assert invariants(h.check()) == ["I4"]
+
+
+# -- I5 ---------------------------------------------------------------------------------
+
+
+def test_i5_superseded_result_recorded_as_the_result_is_reported():
+    h = History()
+    cid = h.call("stale")
+    h.ev(cid, STARTED, 1, 0.0)
+    h.body(cid, 1, 0.0, 0.5, value={"attempt": 1}, exec_id="a1")  # frozen right after returning
+    h.ev(cid, STARTED, 2, 3.0)
+    h.body(cid, 2, 3.0, 3.3, returns=False)                       # killed
+    h.result(cid, 1, {"attempt": 1}, at=5.0)                      # the stale finish wins: wrong
+    assert invariants(h.check()) == ["I5"]
+
+
+def test_i5_kept_when_the_superseded_result_is_only_stale_result():
+    h = History()
+    cid = h.call("stale")
+    h.ev(cid, STARTED, 1, 0.0)
+    h.body(cid, 1, 0.0, 0.5, value={"attempt": 1})
+    h.ev(cid, STARTED, 2, 3.0)
+    h.ev(cid, STALE_RESULT, 1, 3.5, value={"attempt": 1})
+    h.body(cid, 2, 3.0, 4.0, value={"attempt": 2})
+    h.result(cid, 2, {"attempt": 2}, at=4.0)
+    assert h.check() == []
+
+
+# -- I6 ---------------------------------------------------------------------------------
+
+
+def test_i6_effect_applied_twice_is_reported():
+    h = History()
+    h.ledger = MemoryLedger(unique=False)  # an effect table without its uniqueness constraint
+    cid = h.call("fx", keyed=True)
+    h.ev(cid, STARTED, 1, 0.0)
+    h.body(cid, 1, 0.0, 0.5, returns=False, key="k")  # applied, then killed before returning
+    h.ev(cid, STARTED, 2, 3.0)
+    h.body(cid, 2, 3.0, 4.0, value={"attempt": 2}, key="k")
+    h.result(cid, 2, {"attempt": 2})
+    assert invariants(h.check()) == ["I6"]
+
+
+def test_i6_completed_without_its_effect_is_reported():
+    h = History()
+    h.clean(h.call("fx", keyed=True))  # keyed tool, no effect entry
+    assert invariants(h.check()) == ["I6"]
+
+
+def test_i6_kept_when_the_key_deduplicates_the_rerun():
+    h = History()
+    cid = h.call("fx", keyed=True)
+    h.lost(cid, 1, 0.0, 0.5, key="k")
+    h.ev(cid, STARTED, 2, 3.0)
+    h.body(cid, 2, 3.0, 4.0, value={"attempt": 2}, key="k")  # applied=False: prevented
+    h.result(cid, 2, {"attempt": 2})
+    assert h.check() == []
+    s = summarize(RecordedStore(h.events, h.results), h.ledger, h.calls, [])
+    assert (s["effects_applied"], s["effects_deduplicated_by_key"]) == (1, 1)
+
+
+# -- I7 ---------------------------------------------------------------------------------
+
+
+def test_i7_recorded_value_differs_from_the_returned_one_is_reported():
+    h = History()
+    cid = h.call("value")
+    h.ev(cid, STARTED, 1, 0.0)
+    h.body(cid, 1, 0.0, 1.0, value={"attempt": 1, "v": 42})
+    h.result(cid, 1, {"attempt": 1, "v": 43})
+    assert invariants(h.check()) == ["I7"]
+
+
+def test_i7_kept_when_the_values_match():
+    h = History()
+    h.clean(h.call("value"), value={"attempt": 1, "v": [1, 2]})
+    assert h.check() == []
+
+
+# -- ledger-only (baseline) mode ------------------------------------------------------
+
+
+def test_ledger_only_counts_lost_duplicated_and_overlapping_calls():
+    h = History()
+    h.body(h.call("ok"), 1, 0.0, 1.0)
+    h.call("lost")
+    cid = h.call("dup")
+    h.body(cid, None, 0.0, 2.0, exec_id="x1")
+    h.body(cid, None, 1.0, 3.0, exec_id="x2")
+    found = h.check(ledger_only=True)
+    assert {(v.invariant, v.call_id) for v in found} == {("I1", "lost"), ("I1", "dup"), ("I2", "dup")}
+
+
+@pytest.mark.parametrize("delivery,inv", [("at_most_once", "I3"), ("at_least_once", "I4")])
+def test_ledger_only_counts_reruns(delivery, inv):
+    h = History()
+    cid = h.call("r", delivery=delivery, max_attempts=1)
+    h.body(cid, None, 0.0, 0.5, returns=False, exec_id="x1")
+    h.body(cid, None, 2.0, 3.0, exec_id="x2")
+    assert invariants(h.check(ledger_only=True)) == [inv]
