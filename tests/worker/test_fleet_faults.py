@@ -109,3 +109,70 @@ def test_poison_call_that_kills_its_worker_ends_in_execution_abandoned_after_max
     assert [s["attempt"] for s in starts] == [1, 2, 3]
     assert types(f.store, result.id) == [STARTED, STARTED, STARTED, FAILED]
     assert all(w.alive for w in f)
+
+
+def freeze_until_taken_over(f, task_id, seconds_left):
+    """Freeze the holder of the call's attempt 1 until another worker starts attempt 2;
+    returns (holder, attempt 2's ledger entry, the Frozen handle, freeze time)."""
+    first = started(f, task_id)[0]
+    holder = holder_of(f, first)
+    frozen_at = time.time()
+    frozen = freeze(holder)
+    try:
+        second = started(f, task_id, 2, TAKEOVER_S)[1]
+    except BaseException:
+        frozen.thaw()
+        raise
+    assert second["at"] - frozen_at < TAKEOVER_S and second["attempt"] == 2
+    assert f.worker_of(second["pid"]) is not holder
+    assert second["at"] - first["at"] < seconds_left, "attempt 1 would be past its sleep when thawed"
+    return holder, second, frozen
+
+
+def test_sigstop_past_lease_with_cancel_fences_stale_tool_before_line_after_sleep(fleet):
+    f = fleet(TTL=TTL)
+    result = f.client.tasks["fleet.long"].delay(8.0)
+    holder, second, frozen = freeze_until_taken_over(f, result.id, 8.0)
+    frozen.thaw()
+    wait_for(lambda: FENCED in types(f.store, result.id), 10, "aaa.tool.fenced of attempt 1")
+    assert result.get(timeout=30)["attempt"] == 2
+    events = f.store.events(result.id)
+    assert [(e.type, e.attempt) for e in events if e.type != STARTED] == [(FENCED, 1), (COMPLETED, 2)]
+    assert [e.attempt for e in events if e.type == STARTED] == [1, 2]
+    after = f.ledger.entries(result.id, "after")
+    assert [a["attempt"] for a in after] == [2], "the fenced attempt 1 ran past its sleep"
+    assert holder.alive
+
+
+def test_sigstop_past_lease_with_finish_records_late_result_only_as_stale_result(fleet):
+    f = fleet(TTL=TTL)
+    result = f.client.tasks["fleet.long_finish"].delay(7.0)
+    holder, second, frozen = freeze_until_taken_over(f, result.id, 7.0)
+    frozen.thaw()
+    wait_for(lambda: STALE_RESULT in types(f.store, result.id), 15, "aaa.tool.stale_result of attempt 1")
+    assert result.get(timeout=30)["attempt"] == 2
+    events = f.store.events(result.id)
+    assert [(e.type, e.attempt) for e in events if e.type != STARTED] == [(STALE_RESULT, 1), (COMPLETED, 2)]
+    assert f.store.result(result.id).attempt == 2
+    assert sorted(a["attempt"] for a in f.ledger.entries(result.id, "after")) == [1, 2]
+
+
+def test_stale_ack_then_kill_9_of_new_holder_still_reaches_one_result_via_recovery(fleet):
+    """Plain Celery loses this call: the stale worker's ack deletes the live copy's unacked
+    record (same delivery tag), so the broker never brings it back after the second crash."""
+    f = fleet(TTL=TTL)
+    result = f.client.tasks["fleet.long_finish"].delay(7.0)
+    holder, second, frozen = freeze_until_taken_over(f, result.id, 7.0)
+    frozen.thaw()
+    # the stale holder finishes (its result fenced) and its worker acks the message
+    wait_for(lambda: STALE_RESULT in types(f.store, result.id), 15, "the stale holder's finish")
+    new_holder = f.worker_of(second["pid"])
+    killed_at = time.time()
+    new_holder.kill()
+    third = started(f, result.id, 3, TAKEOVER_S)[2]
+    assert third["at"] - killed_at < TAKEOVER_S and third["attempt"] == 3
+    assert f.worker_of(third["pid"]) is holder
+    assert result.get(timeout=30)["attempt"] == 3
+    events = f.store.events(result.id)
+    assert [e.type for e in events].count(COMPLETED) + [e.type for e in events].count(FAILED) == 1
+    assert [e.attempt for e in events if e.type == STARTED] == [1, 2, 3]
