@@ -1,6 +1,21 @@
 """The engine shim that drives agent runs and maps Celery results onto facts."""
 
-from .engine import Engine, PendingApproval, RunHandle, RunOutcome
+from .approvals import APPROVAL_DENIED, APPROVAL_GRANTED, PendingApproval
+from .engine import Engine, RunHandle, RunOutcome
 from .results import ToolFact
+from .sync import SyncEngine, SyncRunHandle
 
-__all__ = ["Engine", "PendingApproval", "RunHandle", "RunOutcome", "ToolFact"]
+__all__ = [
+    # async
+    "Engine",
+    "RunHandle",
+    "RunOutcome",
+    "ToolFact",
+    # sync facade for WSGI apps
+    "SyncEngine",
+    "SyncRunHandle",
+    # approvals
+    "PendingApproval",
+    "APPROVAL_GRANTED",
+    "APPROVAL_DENIED",
+]

@@ -3,17 +3,37 @@
 ``Engine()`` is the embedded default: an in-process Celery worker thread on the
 in-memory broker, with the in-memory store, so nothing needs a server.
 ``Engine(app=celery_app)`` drives a real fleet: tool calls leave as guarded
-Celery tasks (task id ``<run id>:<call id>``) and come back as facts.
+Celery tasks (task id ``<run id>:<call id>``, so re-sending a call is
+deduplicated by the guard), go to their pool's queue ``aaa.<pool>``, and come
+back through the result backend as ``aaa.tool.completed`` / ``aaa.tool.failed``
+facts.
+
+Pools: each engine lets at most ``pools[name]`` calls of a pool be in flight at
+once (``ToolHandler(pools={"default": 8, "slow": 2})``). On a fleet, give each
+pool its own workers, sized alike, so the bound holds for every engine::
+
+    celery -A proj worker -Q aaa.default -c 8 -n default@%h
+    celery -A proj worker -Q aaa.slow -c 2 -n slow@%h
+
+A tool that waits on a child run (delegation) holds a slot of *its* pool only;
+the child's calls go to their own pools' queues and workers, so a saturated
+supervisor pool can never starve the pool its children need. The embedded
+worker reserves threads for every pool the same way.
+
+The engine is asyncio. From synchronous code (a Flask or Django view) use
+:class:`~aaa_celery.runtime.SyncEngine` (or ``engine.start_sync()``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import copy
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
@@ -26,32 +46,32 @@ from ..tools.registry import ToolRegistry
 from ..tools.tool import Tool
 from ..worker.stores import app_store, use_store
 from ..worker.task import CALL_HEADER, RUN_HEADER, TENANT_HEADER
+from .approvals import (
+    APPROVAL_DENIED,
+    APPROVAL_GRANTED,
+    APPROVAL_REQUESTED,
+    DENIED_MESSAGE,
+    PendingApproval,
+    digest,
+)
 from .results import ToolFact, fact_from_celery, failed
 
-APPROVAL_GRANTED = "aaa.approval.granted"
-APPROVAL_DENIED = "aaa.approval.denied"
+if TYPE_CHECKING:
+    from .sync import SyncEngine
+
+#: The concurrency of a pool that no handler sized (``ToolHandler(pools=...)``).
+DEFAULT_POOL_SIZE = 8
 
 
 @dataclass
 class RunOutcome:
-    """How a run ended: ``value`` is what the algorithm returned."""
+    """How a run ended: ``status`` is ``completed`` or ``failed``; ``value`` is what the
+    algorithm returned, ``error`` the ``<type>: <message>`` of a failed run."""
 
     run_id: str
     status: str
     value: Any = None
     error: str | None = None
-
-
-@dataclass
-class PendingApproval:
-    """A call waiting for a person: shown with its tool, arguments, run and age."""
-
-    run_id: str
-    call_id: str
-    tool: str
-    arguments: dict[str, Any]
-    since: float
-    _future: asyncio.Future[bool] = field(repr=False, default=None)  # type: ignore[assignment]
 
 
 class _ToolExecutor:
@@ -79,7 +99,18 @@ class _ToolExecutor:
 
 
 class Engine:
-    """Runs algorithms; sends their tool calls to Celery workers as guarded tasks."""
+    """Runs algorithms in this process; sends their tool calls to Celery workers as guarded tasks.
+
+    Args:
+        app: the Celery app of the fleet; ``None`` for the embedded default (an
+            in-process worker on the in-memory broker and store).
+        store: a store object to use in this process instead of ``aaa_store_url``.
+        concurrency: embedded only: the least number of worker threads; the
+            worker has at least the sum of the pools' sizes, so each pool has
+            threads of its own.
+        poll_s: first interval, in seconds, between result checks of a call
+            (it grows to 0.5 s while the call runs).
+    """
 
     def __init__(
         self,
@@ -99,6 +130,9 @@ class Engine:
         self.llm: Any = None
         self.tools = _ToolExecutor()
         self.runs: dict[str, RunHandle] = {}
+        self.pool_sizes: dict[str, int] = {}
+        self._limits: dict[str, asyncio.Semaphore] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._worker: Any = None
         self._thread: threading.Thread | None = None
         self._queue_prefix = f"aaa-embedded-{self.id}." if self.embedded else "aaa."
@@ -123,6 +157,11 @@ class Engine:
         """The store that guards this engine's calls (for its audit trail)."""
         return app_store(self.app)
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop this engine's runs live on (set by the first ``start``)."""
+        return self._loop
+
     # -- lifecycle -------------------------------------------------------------
     async def __aenter__(self) -> Engine:
         return self
@@ -131,10 +170,17 @@ class Engine:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Cancel the runs still going and stop the embedded worker."""
         for handle in list(self.runs.values()):
             if not handle.done:
                 handle._task.cancel()
         await asyncio.to_thread(self._stop_worker)
+
+    def start_sync(self) -> SyncEngine:
+        """This engine behind a synchronous facade (for WSGI apps); see :class:`SyncEngine`."""
+        from .sync import SyncEngine
+
+        return SyncEngine(self)
 
     def _ensure_worker(self) -> None:
         if not self.embedded or self._worker is not None:
@@ -147,7 +193,9 @@ class Engine:
         queues = [q.name for q in self.app.conf.task_queues or []] or [self.app.conf.task_default_queue]
         worker = TestWorkController(
             app=self.app,
-            concurrency=self.concurrency,
+            # every pool's calls have threads of their own: a pool that waits on
+            # child runs can never take the threads its children need
+            concurrency=max(self.concurrency, sum(self.pool_sizes.values())),
             pool="threads",
             hostname=f"aaa-embedded-{self.id}@localhost",
             loglevel="WARNING",
@@ -174,8 +222,16 @@ class Engine:
 
     # -- tools -----------------------------------------------------------------
     def attach_tools(self, handler: ToolHandler) -> None:
-        """Merge ``handler``'s tools into this engine's one executor and bind them."""
+        """Merge ``handler``'s tools into this engine's one executor and bind them.
+
+        The first handler to size a pool sets its bound on this engine. Attach
+        tools before the first run: the embedded worker sizes its threads then.
+        """
         added = self.tools.add(handler)
+        for pool, size in handler.pools.items():
+            self.pool_sizes.setdefault(pool, size)
+        for t in handler.registry:
+            self.pool_sizes.setdefault(t.pool, DEFAULT_POOL_SIZE)
         if self.embedded:
             handler.bind(self.app, queue_prefix=self._queue_prefix, engine=self)
         else:
@@ -186,36 +242,76 @@ class Engine:
             for t in added:
                 consumer.add_task_queue(handler.queue_for(t, self._queue_prefix))
 
+    def _limit(self, pool: str) -> asyncio.Semaphore:
+        limit = self._limits.get(pool)
+        if limit is None:
+            limit = self._limits[pool] = asyncio.Semaphore(self.pool_sizes.get(pool, DEFAULT_POOL_SIZE))
+        return limit
+
     # -- runs ------------------------------------------------------------------
     def start(self, algo: Any, input: Any, *, tenant: str | None = None, run_id: str | None = None) -> RunHandle:
-        """Start a run; returns at once with its handle."""
+        """Start a run on the running event loop; returns at once with its handle.
+
+        Args:
+            algo: the algorithm, e.g. ``ToolLoop(registry)``.
+            input: its input, e.g. ``{"task": "refund order A-100"}``.
+            tenant: optional; reaches every tool as ``ctx.tenant``.
+            run_id: optional; a fresh ``run_<hex>`` by default.
+        """
         if self.llm is None:
             raise ConfigError("Engine: no model attached; call LLMHandler(client).attach(engine) first")
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._limits = loop, {}
+        run_id = run_id or f"run_{uuid.uuid4().hex[:12]}"
+        if run_id in self.runs and not self.runs[run_id].done:
+            raise ConfigError(f"Engine.start: run {run_id!r} is already running")
         self._ensure_worker()
-        handle = RunHandle(self, run_id or f"run_{uuid.uuid4().hex[:12]}", tenant)
+        handle = RunHandle(self, run_id, tenant)
         self.runs[handle.run_id] = handle
-        handle._task = asyncio.get_running_loop().create_task(handle._drive(algo, input))
+        handle._task = loop.create_task(handle._drive(algo, input))
         return handle
 
     async def run(self, algo: Any, input: Any, **kwargs: Any) -> RunOutcome:
-        """Start a run and wait for its outcome."""
+        """Start a run and wait for its outcome (``start`` plus ``result``)."""
         return await self.start(algo, input, **kwargs).result()
 
-    def pending_approvals(self) -> list[PendingApproval]:
-        return [p for h in self.runs.values() for p in h.pending_approvals()]
+    def submit(self, algo: Any, input: Any, **kwargs: Any) -> concurrent.futures.Future[RunOutcome]:
+        """Start a run from another thread (a tool body, a WSGI view); returns a future of its outcome.
 
-    async def _send(self, handle: RunHandle, call: ToolCall, t: Tool) -> ToolFact:
+        The engine's loop must be running elsewhere (``SyncEngine``, or an earlier
+        ``start``); never block on the future from the loop's own thread.
+        """
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            raise ConfigError("Engine.submit: the engine's event loop is not running; use SyncEngine")
+        return asyncio.run_coroutine_threadsafe(self.run(algo, input, **kwargs), loop)
+
+    def pending_approvals(self) -> list[PendingApproval]:
+        """Every call of every run that waits for a person, oldest first."""
+        return sorted((p for h in self.runs.values() for p in h.pending_approvals()), key=lambda p: p.since)
+
+    async def _send(self, handle: RunHandle, call: ToolCall, t: Tool, arguments: dict[str, Any]) -> ToolFact:
+        """Send one call as a guarded task (within its pool's bound) and wait for its fact."""
         task = self.app.tasks[task_name(t.name)]
         task_id = f"{handle.run_id}:{call.id}"
         headers = {RUN_HEADER: handle.run_id, CALL_HEADER: call.id}
         if handle.tenant:
             headers[TENANT_HEADER] = handle.tenant
-        result = await asyncio.to_thread(
-            task.apply_async, kwargs={"arguments": dict(call.arguments)}, task_id=task_id, headers=headers
-        )
+        async with self._limit(t.pool):
+            result = await asyncio.to_thread(
+                task.apply_async, kwargs={"arguments": arguments}, task_id=task_id, headers=headers
+            )
+            return await self._wait(result, call.id, t.name)
+
+    async def _wait(self, result: Any, call_id: str, name: str) -> ToolFact:
+        def read() -> ToolFact | None:
+            return fact_from_celery(call_id, name, result.state, result.result)
+
         delay = self.poll_s
         while True:
-            fact = fact_from_celery(call.id, t.name, result.state, result.result)
+            # the in-memory backend answers at once; a real one is read off the loop
+            fact = read() if self.embedded else await asyncio.to_thread(read)
             if fact is not None:
                 return fact
             await asyncio.sleep(delay)
@@ -223,52 +319,105 @@ class Engine:
 
 
 class RunHandle:
-    """A running algorithm: its id, events, approvals and outcome."""
+    """A running algorithm: its id, events, approvals and outcome.
+
+    ``events()`` lists every ``aaa.*`` event of the run in order;
+    ``await result()`` waits for the :class:`RunOutcome`; ``signal()`` delivers
+    the app's decisions (approvals). All of it may be used from any thread.
+    """
 
     def __init__(self, engine: Engine, run_id: str, tenant: str | None) -> None:
         self.engine = engine
         self.run_id = run_id
         self.tenant = tenant
+        self.started_at = time.time()
         self._events: list[dict[str, Any]] = []
         self._approvals: dict[str, PendingApproval] = {}
         self._task: asyncio.Task[RunOutcome] = None  # type: ignore[assignment]
 
     @property
     def done(self) -> bool:
+        """Whether the run has ended (completed, failed or cancelled)."""
         return self._task is not None and self._task.done()
 
-    def emit(self, type: str, data: dict[str, Any]) -> None:
-        self._events.append({"type": type, "run_id": self.run_id, "data": data, "at": time.time()})
+    @property
+    def status(self) -> str:
+        """``running``, ``waiting`` (for a person), ``completed``, ``failed`` or ``cancelled``."""
+        if not self.done:
+            return "waiting" if self.pending_approvals() else "running"
+        if self._task.cancelled():
+            return "cancelled"
+        return self._task.result().status
 
-    def events(self) -> list[dict[str, Any]]:
-        """Every ``aaa.*`` event of the run so far, in order."""
-        return list(self._events)
+    @property
+    def outcome(self) -> RunOutcome | None:
+        """The outcome once the run ended, else None."""
+        if not self.done or self._task.cancelled():
+            return None
+        return self._task.result()
+
+    def emit(self, type: str, data: dict[str, Any]) -> None:
+        """Append an event (``seq`` numbers them from 1)."""
+        event = {"seq": len(self._events) + 1, "type": type, "run_id": self.run_id, "data": data, "at": time.time()}
+        self._events.append(event)
+
+    def events(self, after: int = 0) -> list[dict[str, Any]]:
+        """Every ``aaa.*`` event of the run so far, in order (those with ``seq > after``)."""
+        return self._events[after:]
 
     async def result(self) -> RunOutcome:
+        """Wait for the run's outcome."""
         return await asyncio.shield(self._task)
 
     def pending_approvals(self) -> list[PendingApproval]:
-        return [p for p in self._approvals.values() if not p._future.done()]
+        """This run's calls waiting for a person."""
+        return [p for p in list(self._approvals.values()) if not p.decided]
 
     def signal(self, type: str, data: dict[str, Any]) -> None:
-        """Deliver an app-side signal, such as ``aaa.approval.granted {"call_id": ...}``.
+        """Deliver an app-side signal: ``aaa.approval.granted`` / ``aaa.approval.denied``
+        with ``{"call_id": ...}`` (optionally ``arguments`` or ``digest`` to bind the
+        decision to what was shown, and ``reason`` for a denial).
 
-        Approvals come only through here, from the app (a person), never from the model.
+        Approvals come only through here, from the app (a person), never from the
+        model. Raises ``KeyError`` for a call that is not waiting, ``ValueError``
+        for a decision about other arguments than the ones shown. Other
+        ``aaa.*`` types are reserved; any other type is recorded as an event.
+        Safe to call from any thread.
         """
+        loop = self.engine.loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is None or running is loop or not loop.is_running():
+            self._signal(type, data)
+            return
+
+        async def deliver() -> None:
+            self._signal(type, data)
+
+        asyncio.run_coroutine_threadsafe(deliver(), loop).result()
+
+    def _signal(self, type: str, data: dict[str, Any]) -> None:
         if type not in (APPROVAL_GRANTED, APPROVAL_DENIED):
+            if type.startswith("aaa."):
+                raise ValueError(f"signal: {type!r} is reserved; the app may send {APPROVAL_GRANTED!r} or "
+                                 f"{APPROVAL_DENIED!r}, or its own (non-aaa.) types")
             self.emit(type, dict(data))
             return
         call_id = data.get("call_id")
-        pending = self._approvals.get(call_id)  # type: ignore[arg-type]
-        if pending is None or pending._future.done():
+        pending = self._approvals.get(call_id) if isinstance(call_id, str) else None
+        if pending is None or pending.decided or pending._future is None:
             raise KeyError(f"no pending approval for call_id {call_id!r} in run {self.run_id}")
-        if "arguments" in data and data["arguments"] != pending.arguments:
-            raise ValueError(f"approval for {call_id!r} names other arguments than the ones shown")
-        self.emit(type, {"call_id": call_id, "tool": pending.tool})
-        pending._future.get_loop().call_soon_threadsafe(pending._future.set_result, type == APPROVAL_GRANTED)
+        pending.check(data)
+        granted = type == APPROVAL_GRANTED
+        reason = str(data.get("reason") or "")
+        self.emit(type, {"call_id": call_id, "name": pending.tool, **({"reason": reason} if reason else {})})
+        pending._future.set_result((granted, reason))
 
     # -- what the algorithm calls ---------------------------------------------
     async def complete(self, request: LLMRequest) -> LLMResponse:
+        """Ask the model (the engine's LLM handler)."""
         response: LLMResponse = await self.engine.llm.complete(request)
         self.emit("aaa.llm.completed", {"text": response.text, "tool_calls": len(response.tool_calls)})
         return response
@@ -288,19 +437,29 @@ class RunHandle:
         if t is None:
             known = ", ".join(sorted(x.name for x in self.engine.tools.registry)) or "none"
             return failed(call.id, call.name, ToolArgsError(f"unknown tool {call.name!r}; the tools are: {known}"))
-        if t.requires_approval and not await self._approved(call, t):
-            return failed(call.id, t.name, ApprovalDenied("denied by a person"))
+        # a snapshot: what a person approves is exactly what is sent
+        arguments = copy.deepcopy(dict(call.arguments))
+        if t.requires_approval:
+            granted, reason = await self._approval(call, t, arguments)
+            if not granted:
+                message = f"{DENIED_MESSAGE}: {reason}" if reason else DENIED_MESSAGE
+                return failed(call.id, t.name, ApprovalDenied(message))
         try:
-            return await self.engine._send(self, call, t)
+            return await self.engine._send(self, call, t, arguments)
         except Exception as e:  # noqa: BLE001 - a broken send is a fact for the model, not a crash
             return failed(call.id, t.name, e)
 
-    async def _approved(self, call: ToolCall, t: Tool) -> bool:
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._approvals[call.id] = PendingApproval(
-            self.run_id, call.id, t.name, dict(call.arguments), time.time(), future
+    async def _approval(self, call: ToolCall, t: Tool, arguments: dict[str, Any]) -> tuple[bool, str]:
+        future: asyncio.Future[tuple[bool, str]] = asyncio.get_running_loop().create_future()
+        shown = copy.deepcopy(arguments)
+        pending = PendingApproval(
+            self.run_id, call.id, t.name, shown, time.time(), digest(self.run_id, call.id, t.name, shown), future
         )
-        self.emit("aaa.approval.requested", {"call_id": call.id, "name": t.name, "arguments": call.arguments})
+        self._approvals[call.id] = pending
+        self.emit(
+            APPROVAL_REQUESTED,
+            {"call_id": call.id, "name": t.name, "arguments": shown, "digest": pending.digest},
+        )
         return await future
 
     async def _drive(self, algo: Any, input: Any) -> RunOutcome:

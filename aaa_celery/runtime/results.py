@@ -8,6 +8,8 @@ from typing import Any
 
 from celery import states
 
+from ..errors import OUTCOME_UNKNOWN_MESSAGE
+
 
 @dataclass(frozen=True)
 class ToolFact:
@@ -46,10 +48,18 @@ def fact_from_celery(call_id: str, name: str, state: str, result: Any) -> ToolFa
         return ToolFact(call_id, name, True, result)
     if state in states.PROPAGATE_STATES:
         if isinstance(result, BaseException):
-            return ToolFact(call_id, name, False, error=type(result).__name__, message=str(result))
+            return failed(call_id, name, result)
         return ToolFact(call_id, name, False, error="ToolError", message=str(result))
     return None
 
 
 def failed(call_id: str, name: str, error: BaseException) -> ToolFact:
-    return ToolFact(call_id, name, False, error=type(error).__name__, message=str(error))
+    """The failed fact for ``error``: its type name and a model-readable message.
+
+    An ``OutcomeUnknown`` always tells the model that the action may have
+    happened and must be verified, not blindly retried.
+    """
+    kind, message = type(error).__name__, str(error)
+    if kind == "OutcomeUnknown" and "verify" not in message.lower():
+        message = f"{OUTCOME_UNKNOWN_MESSAGE} ({message})" if message else OUTCOME_UNKNOWN_MESSAGE
+    return ToolFact(call_id, name, False, error=kind, message=message)

@@ -1,0 +1,134 @@
+"""The Celery app of the engine's fleet tests, run by real ``celery worker`` processes.
+
+Configured by one environment variable, so the workers and the test process
+(``make_app(url)``, the engine's client app) build the same app:
+
+- ``AAA_ENGINE_REDIS``: the Redis URL of the broker, the result backend and the store.
+
+The tools append to an effect ledger (a Redis list) when their body runs, so a
+test sees every body run, when it started and ended, and in which process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+from celery import Celery
+
+from aaa_celery.tools import ToolContext, ToolError, ToolHandler, ToolRegistry, tool
+
+LEDGER_KEY = "aaa:test:engine-ledger"
+ENV = "AAA_ENGINE_REDIS"
+_ledger: Any = None
+
+
+def ledger():
+    """This process's Redis client for the ledger (opened after fork)."""
+    global _ledger
+    import redis
+
+    if _ledger is None or _ledger.connection_pool.pid != os.getpid():
+        _ledger = redis.Redis.from_url(os.environ[ENV], decode_responses=True)
+    return _ledger
+
+
+def record(tool_name: str, event: str, ctx: ToolContext | None = None, **fields: Any) -> None:
+    entry = {"tool": tool_name, "event": event, "pid": os.getpid(), "at": time.time(), **fields}
+    if ctx is not None:
+        entry.update(task_id=ctx.meta.get("task_id"), call_id=ctx.call_id, tenant=ctx.tenant)
+    ledger().rpush(LEDGER_KEY, json.dumps(entry))
+
+
+def read_ledger(client: Any, tool_name: str | None = None, event: str | None = None) -> list[dict[str, Any]]:
+    """The ledger's entries, optionally one tool's and one kind."""
+    entries = [json.loads(raw) for raw in client.lrange(LEDGER_KEY, 0, -1)]
+    return [e for e in entries if tool_name in (None, e["tool"]) and event in (None, e["event"])]
+
+
+@tool
+def lookup(order_id: str) -> str:
+    """Look an order up (a plain read: at_least_once)."""
+    return f"order {order_id}: paid 30 EUR"
+
+
+@tool(delivery="at_most_once", idempotency_key=lambda a: f"charge:{a['order_id']}")
+def charge(order_id: str, amount: int, ctx: ToolContext) -> str:
+    """Charge a card (never twice)."""
+    record("charge", "start", ctx)
+    return f"charged {amount} for {order_id}"
+
+
+@tool(requires_approval=True, delivery="at_most_once")
+def wire(to: str, amount: int, ctx: ToolContext) -> str:
+    """Wire money (a person must approve)."""
+    record("wire", "start", ctx, to=to, amount=amount)
+    return f"wired {amount} to {to}"
+
+
+@tool
+def nap(seconds: float, ctx: ToolContext) -> int:
+    """Sleep in the default pool."""
+    record("nap", "start", ctx)
+    time.sleep(seconds)
+    record("nap", "end", ctx)
+    return os.getpid()
+
+
+@tool(pool="slow")
+def slow_nap(seconds: float, ctx: ToolContext) -> int:
+    """Sleep in the slow pool."""
+    record("slow_nap", "start", ctx)
+    time.sleep(seconds)
+    record("slow_nap", "end", ctx)
+    return os.getpid()
+
+
+@tool(delivery="at_most_once", timeout_s=120)
+def hang(ctx: ToolContext) -> str:
+    """Start an effect and hang (the test kills the process running it)."""
+    record("hang", "start", ctx)
+    time.sleep(110)
+    return "never"
+
+
+@tool
+def whoami(ctx: ToolContext) -> dict[str, Any]:
+    """Say which call this is."""
+    record("whoami", "start", ctx)
+    return {"tenant": ctx.tenant, "run_id": ctx.run_id, "call_id": ctx.call_id, "task_id": ctx.meta.get("task_id")}
+
+
+@tool
+def boom() -> str:
+    """Fail cleanly."""
+    raise ToolError("the account is frozen")
+
+
+REGISTRY = ToolRegistry([lookup, charge, wire, nap, slow_nap, hang, whoami, boom])
+
+
+def handler() -> ToolHandler:
+    """The fleet's tools: ``default`` runs 4 calls at once, ``slow`` one."""
+    return ToolHandler(REGISTRY, pools={"default": 4, "slow": 1}, guard={"lease_ttl_s": 2, "wait_poll_s": 0.25})
+
+
+def make_app(url: str) -> Celery:
+    app = Celery("fleet_engine_app", broker=url, backend=url)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        result_expires=600,
+        aaa_store_url=url,
+        aaa_recovery_interval_s=0.5,
+    )
+    handler().bind(app)
+    return app
+
+
+app = make_app(os.environ[ENV]) if ENV in os.environ else None

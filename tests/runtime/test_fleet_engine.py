@@ -1,0 +1,241 @@
+"""Engine(app=celery_app) on a real fleet: Redis, two ``celery worker`` processes
+(one per pool: ``-Q aaa.default -c 4`` and ``-Q aaa.slow -c 1``) and the engine
+in the test process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from aaa_celery.algos import ToolLoop
+from aaa_celery.llm import FakeLLMClient, LLMHandler, LLMRequest, LLMResponse, ToolCall
+from aaa_celery.llm.fake import text
+from aaa_celery.runtime import APPROVAL_GRANTED, Engine, RunHandle, RunOutcome
+from aaa_celery.worker.stores import app_store
+
+from . import fleet_engine_app as fa
+from .fleet import Worker
+
+pytestmark = [pytest.mark.redis, pytest.mark.fleet]
+
+
+class Fleet:
+    def __init__(self, url: str, workers: list[Worker]) -> None:
+        self.url = url
+        self.workers = workers
+        self.client = fa.make_app(url)
+        self.redis = redis.Redis.from_url(url, decode_responses=True)
+
+    def ledger(self, tool_name: str | None = None, event: str | None = None) -> list[dict[str, Any]]:
+        return fa.read_ledger(self.redis, tool_name, event)
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {w.name} =====\n{w.log[-5000:]}" for w in self.workers)
+
+
+@pytest.fixture(scope="module")
+def fleet(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    # a db of our own: other tests flush db 0 of the session server
+    url = redis_server.url.rsplit("/", 1)[0] + "/7"
+    redis.Redis.from_url(url).flushdb()
+    logdir: Path = tmp_path_factory.mktemp("engine-fleet")
+    env = {fa.ENV: url}
+    workers: list[Worker] = []
+    try:
+        workers.append(Worker("default", ["aaa.default"], 4, env, logdir))
+        workers.append(Worker("slow", ["aaa.slow"], 1, env, logdir))
+        for w in workers:
+            w.wait_ready()
+        f = Fleet(url, workers)
+        yield f
+        f.redis.close()
+    finally:
+        for w in workers:
+            w.stop()
+
+
+def scripted(*turns: Callable[[LLMRequest], LLMResponse] | LLMResponse) -> FakeLLMClient:
+    """A fake model answering turn n with ``turns[n]`` (a response, or a function of the request)."""
+    queue = list(turns)
+
+    def model(request: LLMRequest) -> LLMResponse:
+        step = queue.pop(0) if queue else text("")
+        return step(request) if callable(step) else step
+
+    return FakeLLMClient(model)
+
+
+def calls(*items: tuple[str, dict[str, Any]] | ToolCall) -> LLMResponse:
+    return LLMResponse(tool_calls=tuple(c if isinstance(c, ToolCall) else ToolCall(c[0], c[1]) for c in items))
+
+
+def echo_facts(request: LLMRequest) -> LLMResponse:
+    return text(" | ".join(m.content for m in request.messages if m.role == "tool"))
+
+
+async def _drive(fleet: Fleet, model: FakeLLMClient, *, run_id: str | None = None, tenant: str | None = None,
+                 during: Callable[[Engine, RunHandle], Any] | None = None) -> tuple[RunHandle, RunOutcome]:
+    async with Engine(app=fleet.client) as engine:
+        LLMHandler(model).attach(engine)
+        fa.handler().attach(engine)
+        handle = engine.start(ToolLoop(fa.REGISTRY), {"task": "go"}, run_id=run_id, tenant=tenant)
+        if during is not None:
+            await during(engine, handle)
+        outcome = await asyncio.wait_for(handle.result(), 60)
+        return handle, outcome
+
+
+def run(fleet: Fleet, *turns: Any, **kwargs: Any) -> tuple[RunHandle, RunOutcome]:
+    try:
+        return asyncio.run(_drive(fleet, scripted(*turns), **kwargs))
+    except BaseException:
+        print(fleet.logs())
+        raise
+
+
+async def until(check: Callable[[], Any], timeout_s: float = 30, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not true after {timeout_s} s")
+        await asyncio.sleep(0.05)
+    return value
+
+
+def facts(handle: RunHandle) -> dict[str, dict[str, Any]]:
+    """The result event of each call, by call id."""
+    return {e["data"]["call_id"]: e for e in handle.events() if e["type"] in ("aaa.tool.completed", "aaa.tool.failed")}
+
+
+def test_three_tools_one_approved_then_the_answer_with_the_full_event_sequence(fleet: Fleet):
+    # Given a model that charges (at_most_once), wires (requires_approval) and looks up (plain) in one turn
+    c_charge = ToolCall("charge", {"order_id": "A-1", "amount": 30}, id="call_charge")
+    c_wire = ToolCall("wire", {"to": "ACME", "amount": 30}, id="call_wire")
+    c_lookup = ToolCall("lookup", {"order_id": "A-1"}, id="call_lookup")
+
+    async def approve_after_the_others(engine: Engine, handle: RunHandle) -> None:
+        pending = await until(handle.pending_approvals, what="the wire call waits for a person")
+        assert [(p.tool, p.arguments, p.run_id, p.call_id) for p in pending] == [
+            ("wire", {"to": "ACME", "amount": 30}, handle.run_id, "call_wire")
+        ]
+        await until(lambda: len(facts(handle)) == 2, what="charge and lookup done")
+        # not sent while waiting: no body run, nothing registered in the store
+        assert fleet.ledger("wire") == []
+        assert fleet.client.AsyncResult(f"{handle.run_id}:call_wire").state == "PENDING"
+        handle.signal(APPROVAL_GRANTED, {"call_id": "call_wire"})
+
+    handle, outcome = run(fleet, calls(c_charge, c_wire, c_lookup), echo_facts, during=approve_after_the_others)
+
+    # Then the model answered with all three facts
+    assert outcome.status == "completed"
+    assert outcome.value["text"] == "charged 30 for A-1 | wired 30 to ACME | order A-1: paid 30 EUR"
+    # and the run's events came in this order (charge and lookup finish in either order)
+    types = [(e["type"], e["data"].get("call_id")) for e in handle.events()]
+    assert types[:6] == [
+        ("aaa.run.started", None),
+        ("aaa.llm.completed", None),
+        ("aaa.tool.requested", "call_charge"),
+        ("aaa.tool.requested", "call_wire"),
+        ("aaa.approval.requested", "call_wire"),
+        ("aaa.tool.requested", "call_lookup"),
+    ]
+    assert sorted(types[6:8]) == [("aaa.tool.completed", "call_charge"), ("aaa.tool.completed", "call_lookup")]
+    assert types[8:] == [
+        ("aaa.approval.granted", "call_wire"),
+        ("aaa.tool.completed", "call_wire"),
+        ("aaa.llm.completed", None),
+        ("aaa.run.completed", None),
+    ]
+    # each call ran once, as task <run id>:<call id>, on the fleet
+    for name, call in (("charge", c_charge), ("wire", c_wire)):
+        [entry] = fleet.ledger(name)
+        assert entry["task_id"] == f"{handle.run_id}:{call.id}"
+        assert entry["pid"] != os.getpid()
+    # the store's audit trail of the approved call
+    events = app_store(fleet.client).events(f"{handle.run_id}:call_wire")
+    assert [e.type for e in events] == ["aaa.tool.started", "aaa.tool.completed"]
+
+
+def test_task_id_and_tenant_reach_the_tool_context_on_the_worker(fleet: Fleet):
+    handle, outcome = run(fleet, calls(ToolCall("whoami", {}, id="call_who")), echo_facts, tenant="acme")
+    value = facts(handle)["call_who"]["data"]["value"]
+    assert value == {
+        "tenant": "acme",
+        "run_id": handle.run_id,
+        "call_id": "call_who",
+        "task_id": f"{handle.run_id}:call_who",
+    }
+
+
+def test_failures_on_the_fleet_become_failed_facts_with_type_and_message(fleet: Fleet):
+    handle, outcome = run(
+        fleet, calls(("boom", {}), ("lookup", {"order": "x"}), ("no_such_tool", {})), echo_facts
+    )
+    parts = outcome.value["text"].split(" | ")
+    assert parts[0] == "ToolError: the account is frozen"
+    assert parts[1].startswith("ToolArgsError: lookup: bad arguments")
+    assert parts[2].startswith("ToolArgsError: unknown tool 'no_such_tool'")
+    assert {e["data"]["error"] for e in facts(handle).values()} == {"ToolError", "ToolArgsError"}
+
+
+def test_calls_of_one_turn_run_concurrently_on_the_fleet(fleet: Fleet):
+    started = time.monotonic()
+    handle, outcome = run(fleet, calls(*[("nap", {"seconds": 1.5})] * 4), echo_facts)
+    elapsed = time.monotonic() - started
+    assert outcome.status == "completed"
+    mine = [e for e in fleet.ledger("nap") if e["task_id"].startswith(handle.run_id)]
+    starts = sorted(e["at"] for e in mine if e["event"] == "start")
+    ends = sorted(e["at"] for e in mine if e["event"] == "end")
+    assert len(starts) == 4 and max(starts) < min(ends)  # all four were running at once
+    assert elapsed < 5.5, elapsed
+
+
+def test_slow_pool_of_one_never_overlaps_while_default_calls_keep_flowing(fleet: Fleet):
+    handle, outcome = run(
+        fleet,
+        calls(("slow_nap", {"seconds": 1.0}), ("slow_nap", {"seconds": 1.0}),
+              *[("nap", {"seconds": 0.2})] * 3),
+        echo_facts,
+    )
+    assert outcome.status == "completed"
+    mine = lambda name: [e for e in fleet.ledger(name) if e["task_id"].startswith(handle.run_id)]  # noqa: E731
+    slow = sorted(mine("slow_nap"), key=lambda e: e["at"])
+    assert [e["event"] for e in slow] == ["start", "end", "start", "end"]  # never two at once
+    quick_ends = [e["at"] for e in mine("nap") if e["event"] == "end"]
+    assert len(quick_ends) == 3 and max(quick_ends) < slow[2]["at"]  # default flowed meanwhile
+
+
+def test_resending_the_same_call_id_is_deduplicated_by_the_guard(fleet: Fleet):
+    # Given the model sends the same call twice in one turn, and the run is driven again later
+    call = ToolCall("charge", {"order_id": "D-1", "amount": 5}, id="call_dup")
+    handle, outcome = run(fleet, calls(call, call), echo_facts, run_id="run_dedup")
+    assert outcome.value["text"] == "charged 5 for D-1 | charged 5 for D-1"
+    again, outcome2 = run(fleet, calls(call), echo_facts, run_id="run_dedup")
+    assert outcome2.value["text"] == "charged 5 for D-1"
+    # Then the body ran once: every copy is task run_dedup:call_dup, answered from the store
+    assert [e["task_id"] for e in fleet.ledger("charge") if e["task_id"].startswith("run_dedup")] == [
+        "run_dedup:call_dup"
+    ]
+
+
+def test_a_lost_at_most_once_call_reaches_the_model_as_outcome_unknown_verify_do_not_retry(fleet: Fleet):
+    async def kill_the_process_running_it(engine: Engine, handle: RunHandle) -> None:
+        entry = await until(lambda: fleet.ledger("hang", "start"), what="hang started")
+        os.kill(entry[0]["pid"], signal.SIGKILL)  # a pool child of our own worker
+
+    handle, outcome = run(fleet, calls(ToolCall("hang", {}, id="call_hang")), echo_facts,
+                          during=kill_the_process_running_it)
+    fact = facts(handle)["call_hang"]["data"]
+    assert fact["error"] == "OutcomeUnknown"
+    assert "may or may not have taken effect" in fact["message"]
+    assert "Do not simply retry" in fact["message"] and "verify" in fact["message"]
+    assert outcome.value["text"].startswith("OutcomeUnknown: ")
+    assert len(fleet.ledger("hang", "start")) == 1  # never run again
