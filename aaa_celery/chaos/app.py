@@ -1,0 +1,138 @@
+"""The Celery app of the chaos workload, for ``celery -A aaa_celery.chaos.app worker``.
+
+Configured from environment variables (the runner sets them for each worker,
+and builds the same app in its own process with :func:`make_app` to send):
+
+- ``AAA_CHAOS_BROKER``: the broker URL (required).
+- ``AAA_CHAOS_STORE``: the guard's store URL (default: the broker's Redis).
+- ``AAA_CHAOS_LEDGER``: Redis URL of the effect ledger (default: the broker),
+  and ``AAA_CHAOS_LEDGER_PREFIX`` its keys' prefix (one per run).
+- ``AAA_CHAOS_QUEUE``: the queue the workload uses (one per run).
+- ``AAA_CHAOS_TTL``: ``lease_ttl_s`` (default 2); ``AAA_CHAOS_MAX_ATTEMPTS`` (default 3).
+- ``AAA_CHAOS_GRACE``: ``aaa_unclaimed_grace_s`` (default 20).
+- ``AAA_CHAOS_VT`` / ``AAA_CHAOS_RESTORE_S``: the Redis transport's
+  ``visibility_timeout`` and unacked-restore interval (kombu's defaults if unset).
+- ``AAA_CHAOS_BASELINE=1``: register the same tools as plain Celery tasks
+  (``acks_late`` + ``reject_on_worker_lost``) with no guard.
+
+Every tool has one body (:func:`run_body`): it writes ``start``, sleeps its
+duration in short slices writing a ``tick`` after each, applies its keyed
+effect halfway (if the call is keyed), and writes ``end`` with the value it
+returns. Tasks: ``chaos.at_least_once`` and ``chaos.at_most_once``, each taking
+``(duration_s, keyed)``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from celery import Celery
+
+from .ledger import END, START, TICK, Ledger, new_exec_id
+
+TASKS = {"at_least_once": "chaos.at_least_once", "at_most_once": "chaos.at_most_once"}
+#: Seconds between a body's ``tick`` entries.
+TICK_S = 0.2
+
+_ledgers: dict[tuple[int, str, str], Ledger] = {}
+
+
+def ledger_for(url: str, prefix: str) -> Ledger:
+    """This process's ledger client (one per process: never shared across a fork)."""
+    key = (os.getpid(), url, prefix)
+    if key not in _ledgers:
+        _ledgers[key] = Ledger(url, prefix)
+    return _ledgers[key]
+
+
+def run_body(ledger: Ledger, call_id: str, attempt: int | None, key: str | None,
+             duration_s: float, keyed: bool, host: str | None = None) -> dict[str, Any]:
+    """The workload's tool body: what it really did goes to the ledger (``host``: the
+    worker's node name)."""
+    ex = new_exec_id()
+    host = host or socket.gethostname()
+    common = {"attempt": attempt, "fence": attempt, "host": host}
+    ledger.record(START, call_id, ex, key=key, duration_s=duration_s, **common)
+    started = time.monotonic()
+    halfway = started + duration_s / 2
+    applied = None
+    while True:
+        left = started + duration_s - time.monotonic()
+        if left <= 0:
+            break
+        time.sleep(min(TICK_S, left))
+        ledger.record(TICK, call_id, ex, **common)
+        if keyed and applied is None and time.monotonic() >= halfway:
+            applied = ledger.apply_effect(key or call_id, call_id, ex, attempt=attempt, fence=attempt)
+    if keyed and applied is None:
+        applied = ledger.apply_effect(key or call_id, call_id, ex, attempt=attempt, fence=attempt)
+    value = {"call": call_id, "attempt": attempt, "exec": ex, "pid": os.getpid(), "applied": applied}
+    ledger.record(END, call_id, ex, value=value, **common)
+    return value
+
+
+def make_app(env: Mapping[str, str]) -> Celery:
+    broker = env["AAA_CHAOS_BROKER"]
+    app = Celery("aaa_chaos", broker=broker)
+    transport: dict[str, Any] = {}
+    if env.get("AAA_CHAOS_VT"):
+        transport["visibility_timeout"] = float(env["AAA_CHAOS_VT"])
+    if env.get("AAA_CHAOS_RESTORE_S"):
+        transport["unacked_restore_interval"] = float(env["AAA_CHAOS_RESTORE_S"])
+        transport["unacked_restore_throttle"] = 1
+    queue = env.get("AAA_CHAOS_QUEUE") or "aaa-chaos"
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        task_ignore_result=True,
+        worker_prefetch_multiplier=1,
+        broker_transport_options=transport,
+        broker_connection_retry_on_startup=True,
+        task_default_queue=queue,
+        worker_hijack_root_logger=False,
+        aaa_guard={
+            "lease_ttl_s": float(env.get("AAA_CHAOS_TTL") or 2),
+            "max_attempts": int(env.get("AAA_CHAOS_MAX_ATTEMPTS") or 3),
+            "wait_poll_s": 0.25,
+        },
+        aaa_recovery_interval_s=1.0,
+        aaa_unclaimed_grace_s=float(env.get("AAA_CHAOS_GRACE") or 20),
+    )
+    if env.get("AAA_CHAOS_STORE"):
+        app.conf.aaa_store_url = env["AAA_CHAOS_STORE"]
+    ledger_url = env.get("AAA_CHAOS_LEDGER") or broker
+    prefix = env.get("AAA_CHAOS_LEDGER_PREFIX") or "aaa:chaos:ledger"
+
+    if env.get("AAA_CHAOS_BASELINE") == "1":
+        # Plain Celery: the message stays unacked until the task returns, and a
+        # lost child re-queues it. No lease, no attempt numbers, no fencing.
+        for name in TASKS.values():
+
+            def plain(self: Any, duration_s: float, keyed: bool = False) -> dict[str, Any]:
+                cid = self.request.id
+                return run_body(ledger_for(ledger_url, prefix), cid, None, cid, duration_s, keyed,
+                                self.request.hostname)
+
+            app.task(name=name, bind=True, acks_late=True, reject_on_worker_lost=True)(plain)
+        return app
+
+    from ..context import ToolContext
+    from ..worker import GuardedTask
+
+    for delivery, name in TASKS.items():
+
+        def guarded(duration_s: float, keyed: bool = False, *, ctx: ToolContext) -> dict[str, Any]:
+            return run_body(ledger_for(ledger_url, prefix), ctx.call_id, ctx.attempt, ctx.idempotency_key,
+                            duration_s, keyed, ctx.meta.get("hostname"))
+
+        guarded.__annotations__["ctx"] = ToolContext
+        app.task(base=GuardedTask, name=name, delivery=delivery)(guarded)
+    return app
+
+
+app = make_app(os.environ) if "AAA_CHAOS_BROKER" in os.environ else None

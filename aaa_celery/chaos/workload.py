@@ -1,0 +1,518 @@
+"""The chaos run: a seeded workload and nemesis against a real ``celery worker`` fleet.
+
+:class:`ChaosRun` starts (or uses) Redis, a fleet of prefork workers of
+:mod:`aaa_celery.chaos.app`, sends the planned calls at their planned times,
+injects the planned faults from a second thread, restarts killed workers so the
+fleet keeps its size, waits for the calls to drain, stops everything, and
+checks the history with :func:`~aaa_celery.chaos.checker.check_history`.
+
+The plan (calls, their length and policy, fault times, kinds and targets) is a
+pure function of the seed and the sizes, so ``--baseline`` replays the same
+workload and faults on plain Celery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..testing import Frozen, WorkerProcess, freeze, kill9, pool_children
+from .app import TASKS, make_app
+from .checker import Call, RecordedStore, check_history, executions, summarize
+from .ledger import END, Ledger
+
+WORKER_FAULTS = ("kill_main", "kill_child", "freeze_kill", "stop_cont")
+FAULT_KINDS = (*WORKER_FAULTS, "duplicate", "pg_kill")
+
+
+@dataclass
+class ChaosConfig:
+    calls: int = 100
+    workers: int = 3
+    concurrency: int = 2
+    faults: int = 20
+    broker: str | None = None
+    store: str | None = None
+    baseline: bool = False
+    seed: int = 1
+    ttl_s: float = 2.0
+    max_attempts: int = 3
+    min_s: float = 0.5
+    max_s: float = 4.0
+    at_most_once_share: float = 0.35
+    keyed_share: float = 0.5
+    load: float = 0.8
+    drain_s: float = 90.0
+    visibility_timeout: float | None = None
+    restore_s: float | None = None
+    unclaimed_grace_s: float = 20.0
+    kinds: tuple[str, ...] = ()
+    progress: bool = True
+    workdir: str | None = None
+
+    @property
+    def heartbeat_s(self) -> float:
+        return self.ttl_s / 3
+
+
+@dataclass
+class Fault:
+    at: float
+    kind: str
+    worker: int
+    hold_s: float
+    pick: float
+    done_at: float | None = None
+    target: str = ""
+    skipped: str = ""
+
+
+@dataclass
+class Plan:
+    calls: list[Call]
+    faults: list[Fault]
+
+
+def make_plan(config: ChaosConfig, nonce: str) -> Plan:
+    """The seeded workload and fault schedule (the same for the guard and the baseline)."""
+    rng = random.Random(config.seed)
+    mean = (config.min_s + config.max_s) / 2
+    rate = config.load * config.workers * config.concurrency / mean  # calls per second
+    calls = []
+    for i in range(config.calls):
+        delivery = "at_most_once" if rng.random() < config.at_most_once_share else "at_least_once"
+        calls.append(Call(
+            call_id=f"chaos-{config.seed}-{i:05d}-{nonce}",
+            delivery=delivery,
+            max_attempts=config.max_attempts,
+            keyed=rng.random() < config.keyed_share,
+            task=TASKS[delivery],
+            duration_s=round(rng.uniform(config.min_s, config.max_s), 2),
+            sent_at=round(i / rate, 3),
+        ))
+    span = calls[-1].sent_at if calls else 0.0
+    kinds = list(config.kinds) or [k for k in FAULT_KINDS if k != "pg_kill"]
+    if not config.kinds and (config.store or "").startswith("postgresql"):
+        kinds.append("pg_kill")
+    times = sorted(rng.uniform(1.5, span + 3.0) for _ in range(config.faults))
+    faults = []
+    for t in times:
+        kind = rng.choice(kinds)
+        hold = rng.uniform(1.0, 3.0) if kind == "freeze_kill" else config.ttl_s + rng.uniform(1.0, 3.0)
+        faults.append(Fault(round(t, 3), kind, rng.randrange(config.workers), round(hold, 2), rng.random()))
+    return Plan(calls, faults)
+
+
+class LocalRedis:
+    """A throwaway ``redis-server`` on a free loopback port (stopped by its PID)."""
+
+    def __init__(self, workdir: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed: pass --broker redis://... or install it")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.log = open(workdir / "redis.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(workdir)], stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        try:
+            for _ in range(200):
+                with contextlib.suppress(redis.ConnectionError):
+                    if client.ping():
+                        return
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"redis-server exited ({self.proc.returncode}); see {workdir}/redis.log")
+                time.sleep(0.05)
+            raise RuntimeError("redis-server did not answer in 10 s")
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                kill9(self.proc.pid)
+                self.proc.wait(5)
+        self.log.close()
+
+
+@dataclass
+class Lane:
+    """One worker incarnation, for the report and the timeline."""
+
+    name: str
+    slot: int
+    pid: int
+    started: float
+    ended: float | None = None
+    how: str = ""
+
+
+@dataclass
+class ChaosReport:
+    mode: str
+    config: dict[str, Any]
+    command: str
+    elapsed_s: float
+    faults: dict[str, int]
+    faults_skipped: dict[str, int]
+    duplicate_sends: int
+    summary: dict[str, Any]
+    violations: list[str]
+    fault_log: list[dict[str, Any]] = field(default_factory=list)
+    lanes: list[dict[str, Any]] = field(default_factory=list)
+    undrained: int = 0
+
+    @property
+    def violation_count(self) -> int:
+        return sum(self.summary["violations"].values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ChaosRun:
+    """One seeded run; :meth:`run` returns the :class:`ChaosReport`. Everything it starts
+    (Redis, workers) it stops by PID before returning, on errors and on Ctrl-C too."""
+
+    def __init__(self, config: ChaosConfig, out: TextIO | None = None, command: str = "") -> None:
+        self.config = config
+        self.out = out or sys.stderr
+        self.command = command
+        self.nonce = uuid.uuid4().hex[:6]
+        self.plan = make_plan(config, self.nonce)
+        self.workdir = Path(config.workdir or tempfile.mkdtemp(prefix="aaa-chaos-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.lock = threading.Lock()
+        self.stop_event = threading.Event()
+        self.slots: list[WorkerProcess] = []
+        self.everyone: list[WorkerProcess] = []
+        self.lanes: dict[int, Lane] = {}
+        self.frozen: dict[int, Frozen] = {}
+        self.generation: Counter[int] = Counter()
+        self.sent: list[Call] = []
+        self.done: set[str] = set()
+        self.t0 = 0.0
+        self.redis: LocalRedis | None = None
+        self.fault_error: BaseException | None = None
+
+    # -- setup ------------------------------------------------------------------------
+    def _env(self) -> dict[str, str]:
+        c = self.config
+        env = {
+            "AAA_CHAOS_BROKER": self.broker,
+            "AAA_CHAOS_LEDGER": self.broker,
+            "AAA_CHAOS_LEDGER_PREFIX": self.ledger_prefix,
+            "AAA_CHAOS_QUEUE": f"aaa-chaos-{self.nonce}",
+            "AAA_CHAOS_TTL": str(c.ttl_s),
+            "AAA_CHAOS_MAX_ATTEMPTS": str(c.max_attempts),
+            "AAA_CHAOS_GRACE": str(c.unclaimed_grace_s),
+        }
+        if c.store:
+            env["AAA_CHAOS_STORE"] = c.store
+        if c.baseline:
+            env["AAA_CHAOS_BASELINE"] = "1"
+        if c.visibility_timeout:
+            env["AAA_CHAOS_VT"] = str(c.visibility_timeout)
+        if c.restore_s:
+            env["AAA_CHAOS_RESTORE_S"] = str(c.restore_s)
+        return env
+
+    def _start_worker(self, slot: int) -> WorkerProcess:
+        gen = self.generation[slot]
+        self.generation[slot] += 1
+        w = WorkerProcess("aaa_celery.chaos.app", hostname=f"w{slot + 1}.{gen}@chaos", pool="prefork",
+                          concurrency=self.config.concurrency, env=self.env, workdir=self.workdir / "workers",
+                          loglevel="WARNING")
+        w.start()
+        self.everyone.append(w)
+        self.lanes[w.pid] = Lane(w.hostname, slot, w.pid, self._now())
+        return w
+
+    def _now(self) -> float:
+        return time.time() - self.t0 if self.t0 else 0.0
+
+    def say(self, msg: str) -> None:
+        if self.config.progress:
+            print(msg, file=self.out, flush=True)
+
+    # -- the run ----------------------------------------------------------------------
+    def run(self) -> ChaosReport:
+        c = self.config
+        started = time.monotonic()
+        try:
+            if c.broker:
+                self.broker = c.broker
+            else:
+                self.redis = LocalRedis(self.workdir)
+                self.broker = self.redis.url
+                self.say(f"started redis-server on {self.broker} (pid {self.redis.proc.pid})")
+            self.ledger_prefix = f"aaa:chaos:{self.nonce}"
+            self.env = self._env()
+            self.app = make_app(self.env)
+            self.ledger = Ledger(self.broker, self.ledger_prefix)
+            self.store = None
+            if not c.baseline:
+                from ..worker.stores import app_store
+
+                self.store = app_store(self.app)
+            mode = "baseline (plain Celery acks_late)" if c.baseline else "guard"
+            self.say(f"chaos {mode}: {c.calls} calls, {c.workers} workers x {c.concurrency}, "
+                     f"{c.faults} faults, seed {c.seed}, ttl {c.ttl_s} s, workdir {self.workdir}")
+            self.slots = [self._start_worker(i) for i in range(c.workers)]
+            for w in self.slots:
+                w.wait_ready(90)
+            self.say(f"{len(self.slots)} workers ready")
+            self.t0 = time.time()
+            for lane in self.lanes.values():
+                lane.started = 0.0
+            nemesis = threading.Thread(target=self._nemesis, name="chaos-nemesis", daemon=True)
+            nemesis.start()
+            undrained = self._drive()
+            self.stop_event.set()
+            nemesis.join(30)
+            self._stop_fleet()
+            return self._report(time.monotonic() - started, undrained)
+        finally:
+            self.stop_event.set()
+            self._stop_fleet()
+            if self.redis is not None:
+                self.redis.stop()
+
+    def _drive(self) -> int:
+        """Send on schedule, restart dead workers, show progress, then drain; returns how many
+        calls had no result when the drain ended."""
+        c = self.config
+        queue = list(self.plan.calls)
+        last_fault = self.plan.faults[-1].at if self.plan.faults else 0.0
+        drain_from: float | None = None
+        next_poll = next_say = 0.0
+        deadline = (queue[-1].sent_at if queue else 0) + last_fault + c.drain_s + 600  # hard bound
+        while True:
+            now = self._now()
+            while queue and queue[0].sent_at <= now:
+                call = queue.pop(0)
+                self.app.tasks[call.task].apply_async((call.duration_s, call.keyed), task_id=call.call_id)
+                self.sent.append(call)
+            self._restart_dead()
+            if now >= next_poll:
+                self._poll_done()
+                next_poll = now + 1.0
+            faults_done = sum(1 for f in self.plan.faults if f.done_at is not None or f.skipped)
+            if now >= next_say:
+                up = sum(1 for w in self.slots if w.alive)
+                self.say(f"[{now:6.1f}s] sent {len(self.sent)}/{c.calls}  results {len(self.done)}  "
+                         f"faults {faults_done}/{len(self.plan.faults)}  workers up {up}/{c.workers}  "
+                         f"frozen {len(self.frozen)}")
+                next_say = now + 2.0
+            if not queue and faults_done == len(self.plan.faults) and drain_from is None:
+                drain_from = now
+                self.say(f"[{now:6.1f}s] all sent, faults done: draining (up to {c.drain_s:.0f} s)")
+            if drain_from is not None and (len(self.done) >= c.calls or now - drain_from > c.drain_s):
+                self._poll_done()
+                return c.calls - len(self.done)
+            if self.fault_error is not None:
+                raise RuntimeError(f"the nemesis failed: {self.fault_error!r}") from self.fault_error
+            if now > deadline:
+                raise RuntimeError("chaos run exceeded its time bound")
+            time.sleep(0.05)
+
+    def _poll_done(self) -> None:
+        pending = [call.call_id for call in self.sent if call.call_id not in self.done]
+        if not pending:
+            return
+        if self.store is not None:
+            for cid in pending:
+                with contextlib.suppress(Exception):
+                    if self.store.result(cid) is not None:
+                        self.done.add(cid)
+        else:
+            self.done |= {e["call_id"] for e in self.ledger.entries() if e["kind"] == END}
+        with self.lock:
+            for w in self.slots:
+                for pid in w.children():
+                    self.lanes.setdefault(pid, Lane(w.hostname, self.slots.index(w), pid, self._now(), how="child"))
+
+    def _restart_dead(self) -> None:
+        with self.lock:
+            for i, w in enumerate(self.slots):
+                if w.proc is not None and w.proc.poll() is not None:
+                    lane = self.lanes.get(w.pid)
+                    if lane is not None and lane.ended is None:
+                        lane.ended = self._now()
+                    self.frozen.pop(w.pid, None)
+                    self.slots[i] = self._start_worker(i)
+                    self.say(f"[{self._now():6.1f}s] restarted worker slot {i + 1} as {self.slots[i].hostname}")
+
+    # -- the nemesis --------------------------------------------------------------------
+    def _nemesis(self) -> None:
+        try:
+            for fault in self.plan.faults:
+                while not self.stop_event.is_set() and self._now() < fault.at:
+                    self.stop_event.wait(min(0.1, fault.at - self._now()))
+                if self.stop_event.is_set():
+                    fault.skipped = fault.skipped or "run stopped"
+                    continue
+                self._inject(fault)
+        except BaseException as e:  # noqa: BLE001 - reported by the driving thread
+            self.fault_error = e
+
+    def _pick_worker(self, fault: Fault) -> WorkerProcess | None:
+        with self.lock:
+            n = len(self.slots)
+            for k in range(n):
+                w = self.slots[(fault.worker + k) % n]
+                if w.alive and w.is_ready() and w.pid not in self.frozen:
+                    return w
+        return None
+
+    def _inject(self, fault: Fault) -> None:
+        kind = fault.kind
+        if kind == "duplicate":
+            live = [call for call in self.sent if call.call_id not in self.done]
+            if not live:
+                fault.skipped = "no live call"
+                return
+            call = live[int(fault.pick * len(live))]
+            self.app.send_task(call.task, args=[call.duration_s, call.keyed], task_id=call.call_id)
+            fault.target, fault.done_at = call.call_id, self._now()
+            return
+        if kind == "pg_kill":
+            self._pg_kill(fault)
+            return
+        w = self._pick_worker(fault)
+        if w is None:
+            fault.skipped = "no worker up"
+            return
+        fault.done_at = self._now()
+        if kind == "kill_main":
+            fault.target = f"{w.hostname} main {w.pid}"
+            kill9(w.pid)
+        elif kind == "kill_child":
+            children = pool_children(w.pid)
+            if not children:
+                fault.skipped, fault.done_at = "no pool child", None
+                return
+            victim = children[int(fault.pick * len(children))]
+            fault.target = f"{w.hostname} child {victim}"
+            with self.lock:
+                self.lanes.setdefault(victim, Lane(w.hostname, self.slots.index(w), victim, self._now()))
+                self.lanes[victim].ended, self.lanes[victim].how = self._now(), "kill -9"
+            kill9(victim)
+        elif kind in ("freeze_kill", "stop_cont"):
+            frozen = freeze(w)
+            with self.lock:
+                self.frozen[w.pid] = frozen
+            fault.target = f"{w.hostname} {w.pid} stopped {fault.hold_s:.1f} s"
+            self.stop_event.wait(fault.hold_s)
+            if kind == "freeze_kill":
+                kill9(w.pid)  # its children die too (prefork's parent-death signal), stopped or not
+                fault.target += ", then kill -9"
+            else:
+                frozen.thaw()
+                with self.lock:
+                    self.frozen.pop(w.pid, None)
+        lane = self.lanes.get(w.pid)
+        if lane is not None and kind in ("kill_main", "freeze_kill"):
+            lane.how = kind
+
+    def _pg_kill(self, fault: Fault) -> None:
+        """Terminate one PostgreSQL backend of the store (a lease holder's, if any)."""
+        store = self.config.store or ""
+        if self.config.baseline or not store.startswith("postgresql"):
+            fault.skipped = "no postgresql store"
+            return
+        import psycopg
+
+        url = "postgresql://" + store.split("://", 1)[1]
+        with psycopg.connect(url, autocommit=True) as con:
+            rows = con.execute(
+                "SELECT DISTINCT a.pid, (l.pid IS NOT NULL) FROM pg_stat_activity a"
+                " LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.granted"
+                " WHERE a.application_name = 'aaa_celery' AND a.pid <> pg_backend_pid()"
+                " ORDER BY 2 DESC, 1"
+            ).fetchall()
+            holders = [pid for pid, holds in rows if holds] or [pid for pid, _ in rows]
+            if not holders:
+                fault.skipped = "no store connection"
+                return
+            victim = holders[int(fault.pick * len(holders))]
+            con.execute("SELECT pg_terminate_backend(%s)", (victim,))
+        fault.target, fault.done_at = f"postgres backend {victim}", self._now()
+
+    # -- the end ----------------------------------------------------------------------
+    def _stop_fleet(self) -> None:
+        with self.lock:
+            workers = list(self.everyone)
+            for frozen in self.frozen.values():
+                frozen.thaw()
+            self.frozen.clear()
+        for w in workers:
+            if w.alive:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.pid, signal.SIGCONT)
+                    os.kill(w.pid, signal.SIGTERM)
+        for w in workers:
+            with contextlib.suppress(Exception):
+                w.stop(15)
+            lane = self.lanes.get(w.pid) if w.proc is not None else None
+            if lane is not None and lane.ended is None:
+                lane.ended = self._now()
+
+    def _report(self, elapsed: float, undrained: int) -> ChaosReport:
+        c = self.config
+        calls = self.plan.calls
+        entries = self.ledger.entries()
+        store = RecordedStore.snapshot(self.store, [x.call_id for x in calls]) if self.store is not None else None
+        violations = check_history(store, entries, calls, heartbeat_s=c.heartbeat_s)
+        summary = summarize(store, entries, calls, violations)
+        done = Counter(f.kind for f in self.plan.faults if f.done_at is not None)
+        skipped = Counter(f.kind for f in self.plan.faults if f.skipped)
+        dup_calls = {f.target for f in self.plan.faults if f.kind == "duplicate" and f.done_at is not None}
+        runs = executions(entries)
+        summary["duplicate_sends_absorbed"] = sum(
+            1 for cid in dup_calls if len([x for x in runs.get(cid, []) if x.start_at is not None]) <= 1)
+        self.timeline = {
+            "executions": [
+                {"call_id": x.call_id, "attempt": x.attempt, "host": (x.host or "?"), "pid": x.pid,
+                 "from": x.first_at - self.t0, "to": x.last_at - self.t0, "returned": x.ended}
+                for xs in runs.values() for x in xs
+            ],
+            "faults": [asdict(f) for f in self.plan.faults],
+        }
+        return ChaosReport(
+            mode="baseline" if c.baseline else "guard",
+            config={k: v for k, v in asdict(c).items() if k not in ("progress", "workdir")},
+            command=self.command,
+            elapsed_s=round(elapsed, 1),
+            faults=dict(sorted(done.items())),
+            faults_skipped=dict(sorted(skipped.items())),
+            duplicate_sends=done.get("duplicate", 0),
+            summary=summary,
+            violations=[str(v) for v in violations[:500]],
+            fault_log=[asdict(f) for f in self.plan.faults],
+            lanes=[asdict(lane) for lane in self.lanes.values()],
+            undrained=undrained,
+        )
