@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,3 +19,13 @@ def call_then_echo(*calls: tuple[str, dict[str, Any]]) -> Callable[[LLMRequest],
         return text(" | ".join(facts))
 
     return model
+
+
+async def until(check: Callable[[], Any], timeout_s: float = 30, what: str = "condition") -> Any:
+    """Wait (on the event loop) until ``check()`` is truthy, and return its value."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not true after {timeout_s} s")
+        await asyncio.sleep(0.02)
+    return value

@@ -22,6 +22,7 @@ from aaa_celery.runtime import APPROVAL_GRANTED, Engine, RunHandle, RunOutcome
 from aaa_celery.worker.stores import app_store
 
 from . import fleet_engine_app as fa
+from .conftest import until
 from .fleet import Worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.fleet]
@@ -100,14 +101,6 @@ def run(fleet: Fleet, *turns: Any, **kwargs: Any) -> tuple[RunHandle, RunOutcome
         print(fleet.logs())
         raise
 
-
-async def until(check: Callable[[], Any], timeout_s: float = 30, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not true after {timeout_s} s")
-        await asyncio.sleep(0.05)
-    return value
 
 
 def facts(handle: RunHandle) -> dict[str, dict[str, Any]]:

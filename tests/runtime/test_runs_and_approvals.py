@@ -16,7 +16,7 @@ from aaa_celery.llm.fake import text, tool_call
 from aaa_celery.runtime import APPROVAL_DENIED, APPROVAL_GRANTED, Engine, RunHandle, SyncEngine
 from aaa_celery.tools import ToolContext, ToolHandler, ToolRegistry, tool
 
-from .conftest import call_then_echo
+from .conftest import call_then_echo, until
 
 ran: list[dict[str, Any]] = []
 
@@ -47,14 +47,6 @@ REGISTRY = ToolRegistry([wire, lookup, whoami])
 def _clear() -> None:
     ran.clear()
 
-
-async def until(check: Callable[[], Any], timeout_s: float = 10, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not true after {timeout_s} s")
-        await asyncio.sleep(0.01)
-    return value
 
 
 async def drive(model: Any, during: Callable[[Engine, RunHandle], Any], **start: Any) -> tuple[RunHandle, Any]:
