@@ -1,0 +1,154 @@
+"""What the web integrations share: settings, one engine per process, JSON views, the page.
+
+The Flask extension and the Django app are thin adapters over :class:`AgentRuns`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from html import escape
+from typing import Any
+
+from ..algos import ToolLoop
+from ..llm import LLMHandler
+from ..runtime import Engine, SyncEngine
+from ..runtime.sync import SyncRunHandle
+from ._pages import INDEX, RUN
+
+#: Allowed decisions on a pending approval, as posted by a person.
+DECISIONS = ("approve", "deny")
+
+
+def load(value: Any) -> Any:
+    """``"pkg.module:attr"`` (or ``"pkg.module.attr"``) → the object; anything else as is."""
+    if not isinstance(value, str):
+        return value
+    module, sep, attr = value.partition(":")
+    if not sep:
+        module, _, attr = value.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ImportError(f"aaa_celery: cannot import {value!r} (use 'package.module:attribute')") from e
+
+
+@dataclass
+class Settings:
+    """How a web app drives agent runs (Flask: ``AAA_CELERY_<FIELD>``; Django: ``AAA_CELERY = {FIELD: ...}``)."""
+
+    app: Any = None
+    """The fleet's Celery app, or its import path (``"proj.celery:app"``). None: the embedded engine."""
+    tools: Any = None
+    """A ``ToolHandler``, a list of them, or an import path: the tools of every run."""
+    llm: Any = None
+    """The model client (with ``async complete(request)``) or an ``LLMHandler``, or an import path."""
+    algorithm: Any = None
+    """The algorithm of every run, or an import path. Default: ``ToolLoop`` over every tool."""
+    authorize: Any = None
+    """``authorize(request, action) -> bool`` with action ``start``/``view``/``decide``, or an import
+    path. Default: allow all. Protect ``decide`` in production: an approval must come from a person."""
+    url_prefix: str = "/aaa"
+    """Flask only: where the blueprint's routes live."""
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], prefix: str = "") -> Settings:
+        """Read ``<prefix><FIELD>`` keys (upper case), ignoring the rest."""
+        found = {f.name: values[prefix + f.name.upper()] for f in fields(cls) if prefix + f.name.upper() in values}
+        unknown = sorted(k for k in values if k.startswith(prefix) and k[len(prefix):].lower() not in found)
+        if prefix == "" and unknown:
+            raise ValueError(f"AAA_CELERY: unknown keys {unknown}; known: {[f.name.upper() for f in fields(cls)]}")
+        return cls(**found)
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready copy (anything unknown becomes its ``str``)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+class AgentRuns:
+    """One process's agent runs for a web app: a :class:`SyncEngine` plus JSON views of runs."""
+
+    def __init__(self, settings: Settings) -> None:
+        if settings.tools is None or settings.llm is None:
+            raise ValueError("aaa_celery: set TOOLS (a ToolHandler) and LLM (a model client) to run agents")
+        self.settings = settings
+        self.engine = SyncEngine(Engine(app=load(settings.app)))
+        tools = load(settings.tools)
+        for handler in tools if isinstance(tools, list | tuple) else [tools]:
+            load(handler).attach(self.engine)
+        llm = load(settings.llm)
+        (llm if isinstance(llm, LLMHandler) else LLMHandler(llm)).attach(self.engine)
+        algorithm = load(settings.algorithm)
+        self.algorithm = algorithm if algorithm is not None else ToolLoop(self.engine.engine.tools.registry)
+        self._authorize: Callable[[Any, str], bool] | None = load(settings.authorize)
+
+    def allowed(self, request: Any, action: str) -> bool:
+        """Whether ``request`` may ``start``, ``view`` or ``decide`` (the ``authorize`` hook)."""
+        return True if self._authorize is None else bool(self._authorize(request, action))
+
+    def start(self, task: str, tenant: str | None = None) -> SyncRunHandle:
+        """Start a run of the algorithm on ``{"task": task}``."""
+        return self.engine.start(self.algorithm, {"task": task}, tenant=tenant or None)
+
+    def run(self, run_id: str, after: int = 0) -> dict[str, Any]:
+        """A run's status, events (``seq > after``), pending approvals and outcome (``KeyError`` if unknown)."""
+        handle = self.engine.get(run_id)
+        outcome = handle.outcome
+        return _plain({
+            "run_id": run_id,
+            "tenant": handle.tenant,
+            "status": handle.status,
+            "events": handle.events(after),
+            "pending": [p.to_dict() for p in handle.pending_approvals()],
+            "result": None if outcome is None else {"value": outcome.value, "error": outcome.error},
+        })
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Every run, newest first: id, tenant and status."""
+        return [{"run_id": h.run_id, "tenant": h.tenant, "status": h.status} for h in self.engine.runs()]
+
+    def approvals(self) -> list[dict[str, Any]]:
+        """Every pending approval (tool, arguments, run, since, digest), oldest first."""
+        return _plain([p.to_dict() for p in self.engine.pending_approvals()])
+
+    def decide(self, run_id: str, call_id: str, decision: str, *, digest: str | None = None, reason: str = "") -> None:
+        """A person's decision on a pending call. ``digest``, when given, must be the one shown.
+
+        Raises ``KeyError`` (no such run or pending call) or ``ValueError`` (another
+        decision, or a digest of something else than was shown).
+        """
+        if decision not in DECISIONS:
+            raise ValueError(f"decision must be one of {DECISIONS}, got {decision!r}")
+        handle = self.engine.get(run_id)
+        binding = {"digest": digest} if digest else {}
+        if decision == "approve":
+            handle.approve(call_id, **binding)
+        else:
+            handle.deny(call_id, reason, **binding)
+
+    def attempts(self, run_id: str) -> list[dict[str, Any]]:
+        """Each tool call of the run with its audit trail from the store (attempts, result)."""
+        handle = self.engine.get(run_id)
+        requested = [e["data"] for e in handle.events() if e["type"] == "aaa.tool.requested"]
+        store = self.engine.store
+        out = []
+        for call in requested:
+            task_id = f"{run_id}:{call['call_id']}"
+            trail = [{"type": e.type, "attempt": e.attempt, "at": e.at, "data": e.data} for e in store.events(task_id)]
+            out.append({"call_id": call["call_id"], "name": call["name"], "task_id": task_id, "trail": trail})
+        return _plain(out)
+
+    def close(self) -> None:
+        """Stop the engine (cancels the runs still going)."""
+        self.engine.close()
+
+
+def page(name: str, **values: str) -> str:
+    """One of the HTML pages (``index``, ``run``), with ``{{name}}`` placeholders filled (HTML-escaped)."""
+    html = {"index": INDEX, "run": RUN}[name]
+    for key, value in {"csrf": "", **values}.items():
+        html = html.replace("{{" + key + "}}", escape(value))
+    return html
