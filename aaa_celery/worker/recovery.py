@@ -60,6 +60,10 @@ class RecoveryStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
+        from .install import check_settings
+
+        # A worker with guarded tasks refuses to start without a store (or with pickle).
+        check_settings(worker.app)
         self.tref: Any = None
         self.name_ = f"{getattr(worker, 'hostname', socket.gethostname())}/{os.getpid()}/recovery"
 

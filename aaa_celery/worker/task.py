@@ -117,7 +117,8 @@ class GuardedTask(Task):  # type: ignore[misc]
     # -- publishing ---------------------------------------------------------
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any) -> Any:
         """Send the task, first registering the call in the store so a lost message is found."""
-        if self.app.conf.get("task_always_eager") or not self.app.conf.get("aaa_register_on_publish", True):
+        conf = self.app.conf
+        if conf.get("task_always_eager") or not conf.get("aaa_register_on_publish", True) or not self.guard_config.enabled:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         task_id = task_id or str(uuid.uuid4())
         spec = self.call_spec(task_id, list(args or ()), dict(kwargs or {}), options)

@@ -24,34 +24,52 @@ ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.worker.fleet_app"
 
 
-@pytest.fixture
-def fleet(redis_url: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    started: list[Fleet] = []
-    opened: list[Any] = []
+class Fleets:
+    """``fleets(size=2, pool=..., concurrency=..., **env)`` starts a ready fleet;
+    ``fleets.client(**env)`` is the app alone (to publish before any worker runs)."""
 
-    def start(size: int = 2, *, pool: str = "prefork", concurrency: int = 1, **env: Any) -> Fleet:
-        full = {"AAA_FLEET_BROKER": redis_url, **{k: str(v) for k, v in env.items()}}
+    def __init__(self, redis_url: str, workdir: Path) -> None:
+        self.redis_url, self.workdir = redis_url, workdir
+        self.started: list[Fleet] = []
+        self.opened: list[Any] = []
+
+    def env(self, **env: Any) -> dict[str, str]:
+        """The workers' environment: ``TTL=2`` becomes ``AAA_FLEET_TTL=2`` (see fleet_app)."""
+        return {"AAA_FLEET_BROKER": self.redis_url, **{f"AAA_FLEET_{k}": str(v) for k, v in env.items()}}
+
+    def client(self, **env: Any) -> Any:
+        return make_app(self.env(**env))
+
+    def __call__(self, size: int = 2, *, pool: str = "prefork", concurrency: int = 1, **env: Any) -> Fleet:
+        full = self.env(**env)
         f = Fleet(APP, size=size, pool=pool, concurrency=concurrency, env=full, cwd=ROOT,
-                  workdir=tmp_path / f"fleet{len(started)}", prefix=f"w{len(started)}-")
-        started.append(f)
+                  workdir=self.workdir / f"fleet{len(self.started)}", prefix=f"w{len(self.started)}-")
+        self.started.append(f)
         f.start()
         f.env = full  # type: ignore[attr-defined]
         f.client = make_app(full)  # type: ignore[attr-defined]
-        f.ledger = Ledger(full.get("AAA_FLEET_LEDGER") or redis_url)  # type: ignore[attr-defined]
-        f.store = open_store(full.get("AAA_FLEET_STORE") or redis_url)  # type: ignore[attr-defined]
-        opened.extend([f.ledger, f.store])  # type: ignore[attr-defined]
+        f.ledger = Ledger(full.get("AAA_FLEET_LEDGER") or self.redis_url)  # type: ignore[attr-defined]
+        f.store = open_store(full.get("AAA_FLEET_STORE") or self.redis_url)  # type: ignore[attr-defined]
+        self.opened.extend([f.ledger, f.store])  # type: ignore[attr-defined]
         return f
 
-    try:
-        yield start
-    finally:
-        failed = getattr(request.node, "rep_call", None)
-        for f in started:
-            if failed is not None and failed.failed:
+    def stop(self, show_logs: bool) -> None:
+        for f in self.started:
+            if show_logs:
                 print(f.logs())
             f.stop()
-        for o in opened:
+        for o in self.opened:
             o.close()
+
+
+@pytest.fixture
+def fleet(redis_url: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleets]:
+    fleets = Fleets(redis_url, tmp_path)
+    try:
+        yield fleets
+    finally:
+        rep = getattr(request.node, "rep_call", None)
+        fleets.stop(show_logs=rep is not None and rep.failed)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import time
 
 import pytest
+import redis
 
 from aaa_celery import ExecutionAbandoned, OutcomeUnknown
 from aaa_celery.lifecycle import COMPLETED, FAILED, FENCED, STALE_RESULT, STARTED
-from aaa_celery.testing import freeze, kill9, kill_child, wait_for
+from aaa_celery.testing import duplicate_delivery, freeze, kill_child, wait_for
 
 pytestmark = [pytest.mark.redis, pytest.mark.fleet]
 
@@ -176,3 +177,78 @@ def test_stale_ack_then_kill_9_of_new_holder_still_reaches_one_result_via_recove
     events = f.store.events(result.id)
     assert [e.type for e in events].count(COMPLETED) + [e.type for e in events].count(FAILED) == 1
     assert [e.attempt for e in events if e.type == STARTED] == [1, 2, 3]
+
+
+def test_duplicate_delivery_after_short_visibility_timeout_runs_once_without_slot_starvation(fleet):
+    # Only here is the broker's visibility_timeout lowered: it restores the unacked
+    # message every ~3 s while the call runs 9 s, each copy a redelivery of a live call.
+    f = fleet(TTL=TTL, VT=3, RESTORE_S=1)
+    result = f.client.tasks["fleet.long"].delay(9.0)
+    started(f, result.id)
+    quick = []
+    for i in range(6):
+        quick.append(f.client.tasks["fleet.quick"].delay(i))
+        time.sleep(0.8)
+    assert [q.get(timeout=20) for q in quick] == [i + 1 for i in range(6)]
+    assert result.get(timeout=30)["attempt"] == 1
+    time.sleep(1.0)
+    assert len(f.ledger.entries(result.id, "start")) == 1
+    assert types(f.store, result.id) == [STARTED, COMPLETED]
+    deliveries = sum(w.log.count(f"Task fleet.long[{result.id}] received") for w in f)
+    # The dropped copy's ack removes the holder's unacked record too (one delivery tag),
+    # so the broker redelivers once; the store, not the broker, covers a later crash.
+    assert deliveries >= 2, "the broker did not redeliver the live call"
+
+
+def test_same_task_id_sent_twice_runs_once_without_slot_starvation(fleet):
+    f = fleet(TTL=TTL)
+    result = f.client.tasks["fleet.long"].delay(5.0)
+    started(f, result.id)
+    copies = [duplicate_delivery(f.client, result.id, "fleet.long", [5.0]) for _ in range(3)]
+    quick = [f.client.tasks["fleet.quick"].delay(i) for i in range(4)]
+    assert [q.get(timeout=15) for q in quick] == [1, 2, 3, 4]
+    value = result.get(timeout=30)
+    assert value["attempt"] == 1 and all(c.id == result.id for c in copies)
+    time.sleep(1.0)
+    assert len(f.ledger.entries(result.id, "start")) == 1
+    assert types(f.store, result.id) == [STARTED, COMPLETED]
+    assert f.store.result(result.id).value == value
+
+
+def test_message_deleted_from_queue_before_any_worker_took_it_still_reaches_its_result(fleet):
+    client = fleet.client(TTL=TTL, GRACE=2)
+    result = client.tasks["fleet.quick"].delay(41)  # registered in the store, then published
+    broker = redis.Redis.from_url(fleet.redis_url)
+    assert broker.delete("celery") == 1  # the broker lost the message
+    f = fleet(TTL=TTL, GRACE=2)
+    assert result.get(timeout=15) == 42
+    assert len(f.ledger.entries(result.id, "start")) == 1
+    assert types(f.store, result.id) == [STARTED, COMPLETED]
+
+
+def test_call_popped_by_frozen_worker_then_kill_9_still_reaches_its_result(fleet):
+    f = fleet(TTL=TTL, GRACE=2)
+    busy = f.client.tasks["fleet.long"].delay(6.0)  # keeps one worker from consuming
+    busy_holder = holder_of(f, started(f, busy.id)[0])
+    idle = f.others(busy_holder)[0]
+    frozen = freeze(idle)
+    result = f.client.tasks["fleet.quick"].delay(7)
+    broker = redis.Redis.from_url(f.env["AAA_FLEET_BROKER"])
+    wait_for(lambda: broker.llen("celery") == 0, 5, "the frozen worker's pending BRPOP took the message")
+    idle.kill()
+    frozen.thaw()
+    assert broker.llen("celery") == 0 and not broker.hexists("unacked", result.id)
+    assert result.get(timeout=20) == 8
+    assert busy.get(timeout=20)["attempt"] == 1
+    assert len(f.ledger.entries(result.id, "start")) == 1
+    assert types(f.store, result.id) == [STARTED, COMPLETED]
+
+
+def test_enabled_false_runs_the_task_and_records_nothing(fleet):
+    f = fleet(TTL=TTL, ENABLED=0)
+    result = f.client.tasks["fleet.quick"].delay(1)
+    assert result.get(timeout=15) == 2
+    assert len(f.ledger.entries(result.id, "start")) == 1
+    assert f.store.events(result.id) == [] and f.store.result(result.id) is None
+    broker = redis.Redis.from_url(f.env["AAA_FLEET_BROKER"])
+    assert broker.keys("aaa:{*") == []  # no lease, attempt, spec or index keys
