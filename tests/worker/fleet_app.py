@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -98,6 +99,12 @@ def make_app(env: Mapping[str, str]) -> Celery:
     def fail(kind: str, ctx: ToolContext) -> None:
         record("start", ctx)
         raise {"tool": ToolError, "args": ToolArgsError}[kind](f"{kind} failed on purpose")
+
+    @app.task(name="fleet.threads")
+    def threads(pause: float = 0.0) -> dict[str, Any]:
+        """The live threads of the process that runs tasks (not guarded: a probe)."""
+        time.sleep(pause)
+        return {"pid": os.getpid(), "threads": sorted(t.name for t in threading.enumerate())}
 
     @tool(pool="default")
     def echo(text: str, ctx: ToolContext) -> str:
