@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .conftest import wait
 
 flask = pytest.importorskip("flask")
 
@@ -29,13 +30,6 @@ def client() -> Iterator[Any]:
     finally:
         sys.path.remove(str(EXAMPLE))
 
-
-def wait(check: Callable[[], Any], timeout_s: float = 10) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not (value := check()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-    return value
 
 
 def test_start_a_run_approve_through_the_endpoint_and_see_the_result(client: Any):

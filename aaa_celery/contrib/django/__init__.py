@@ -1,0 +1,33 @@
+"""Django integration: agent runs driven from views, approvals decided by people.
+
+In ``settings.py``::
+
+    INSTALLED_APPS = [..., "aaa_celery.contrib.django"]
+    AAA_CELERY = {
+        "TOOLS": "shop.tools:handler",      # a ToolHandler (or a list of them)
+        "LLM": "shop.tools:model",          # a model client, or an LLMHandler
+        "APP": "proj.celery:app",           # the fleet's Celery app; None: the embedded engine
+        # "ALGORITHM": ...,                 # default: ToolLoop over every tool
+        # "AUTHORIZE": "shop.auth:can",     # can(request, action) -> bool; protect "decide"
+    }
+
+In ``urls.py``: ``path("aaa/", include("aaa_celery.contrib.django.urls"))`` serves
+the pages and JSON endpoints (start a run, its live events, pending approvals
+with Approve/Deny, each call's attempts). In your own views, ``get_runs()`` is
+the process's :class:`~aaa_celery.contrib._web.AgentRuns`::
+
+    from aaa_celery.contrib.django import get_runs
+
+    def refund(request, order_id):
+        handle = get_runs().start(f"refund order {order_id}", tenant=request.user.username)
+        return JsonResponse({"run_id": handle.run_id}, status=201)
+
+The engine starts on first use, once per process (under gunicorn: in each
+worker, after the fork) and stops at exit.
+"""
+
+from __future__ import annotations
+
+from .runs import close_runs, get_runs
+
+__all__ = ["close_runs", "get_runs"]
