@@ -18,8 +18,9 @@ and builds the same app in its own process with :func:`make_app` to send):
 Every tool has one body (:func:`run_body`): it writes ``start``, sleeps its
 duration in short slices writing a ``tick`` after each, applies its keyed
 effect halfway (if the call is keyed), and writes ``end`` with the value it
-returns. Tasks: ``chaos.at_least_once`` and ``chaos.at_most_once``, each taking
-``(duration_s, keyed)``.
+returns. Tasks (see :data:`TASKS`): ``chaos.at_least_once``, ``chaos.at_most_once`` and
+``chaos.at_least_once_finish`` (``on_lost_lease="finish"``: a stalled attempt runs
+to its end, and only the fence keeps its result out), each taking ``(duration_s, keyed)``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,12 @@ from celery import Celery
 
 from .ledger import END, START, TICK, Ledger, new_exec_id
 
-TASKS = {"at_least_once": "chaos.at_least_once", "at_most_once": "chaos.at_most_once"}
+#: (delivery, on_lost_lease) -> task name.
+TASKS = {
+    ("at_least_once", "cancel"): "chaos.at_least_once",
+    ("at_least_once", "finish"): "chaos.at_least_once_finish",
+    ("at_most_once", "cancel"): "chaos.at_most_once",
+}
 #: Seconds between a body's ``tick`` entries.
 TICK_S = 0.2
 
@@ -124,14 +130,14 @@ def make_app(env: Mapping[str, str]) -> Celery:
     from ..context import ToolContext
     from ..worker import GuardedTask
 
-    for delivery, name in TASKS.items():
+    for (delivery, on_lost), name in TASKS.items():
 
         def guarded(duration_s: float, keyed: bool = False, *, ctx: ToolContext) -> dict[str, Any]:
             return run_body(ledger_for(ledger_url, prefix), ctx.call_id, ctx.attempt, ctx.idempotency_key,
                             duration_s, keyed, ctx.meta.get("hostname"))
 
         guarded.__annotations__["ctx"] = ToolContext
-        app.task(base=GuardedTask, name=name, delivery=delivery)(guarded)
+        app.task(base=GuardedTask, name=name, delivery=delivery, guard={"on_lost_lease": on_lost})(guarded)
     return app
 
 

@@ -6,11 +6,13 @@
   ``OutcomeUnknown`` or ``ExecutionAbandoned``. Nothing is lost, nothing has two
   results (and no attempt starts after the result).
 * **I2** No two body executions of one call overlap in time while both hold a
-  valid lease. The ledger shows when a body really ran (its ``tick`` entries);
-  once a later execution has started, an earlier one may go on only for the
-  window the guide allows a stalled worker: until its next heartbeat, so
-  ``heartbeat_s`` plus ``slack_s`` from the moment it next runs. Anything later
-  ran without a valid lease, beside the new holder.
+  valid lease. The ledger shows when a body really ran (its ``tick`` entries).
+  With ``on_lost_lease=cancel``, once a later execution has started, an earlier
+  one may go on only for the window the guide allows a stalled worker: until its
+  next heartbeat, so ``heartbeat_s`` plus ``slack_s`` from the moment it next
+  runs. With ``on_lost_lease=finish`` the earlier one may run to its end, but
+  only if its lease could have lapsed: it must have been silent (frozen) for at
+  least ``lease_ttl_s - heartbeat_s - slack_s`` just before the later one started.
 * **I3** ``at_most_once``: at most one body start per call (and one attempt record).
 * **I4** ``at_least_once``: at most ``max_attempts`` body starts; attempt numbers
   are contiguous from 1, each body run has its attempt record, and no attempt
@@ -61,6 +63,7 @@ class Call:
     delivery: str = "at_least_once"
     max_attempts: int = 3
     keyed: bool = False
+    on_lost_lease: str = "cancel"
     task: str = ""
     duration_s: float = 0.0
     sent_at: float = 0.0
@@ -151,12 +154,14 @@ def check_history(
     *,
     heartbeat_s: float = 5.0,
     slack_s: float = 1.0,
+    lease_ttl_s: float | None = None,
 ) -> list[Violation]:
     """Every violation of I1..I7 in the history of ``calls``.
 
     ``ledger`` is a :class:`~aaa_celery.chaos.ledger.BaseLedger` or its entries.
     ``heartbeat_s`` is the guard's renewal period (the window a stalled attempt may
-    still run after waking, I2); ``slack_s`` absorbs scheduling and clock jitter.
+    still run after waking, I2) and ``lease_ttl_s`` the lease's TTL (default
+    ``3 * heartbeat_s``); ``slack_s`` absorbs scheduling and clock jitter.
     ``store=None``: ledger-only (baseline) mode, see the module docstring.
     """
     entries = ledger.entries() if isinstance(ledger, BaseLedger) else list(ledger)
@@ -172,7 +177,12 @@ def check_history(
         if store is None:
             out += _check_ledger_only(call, execs, effects.get(call.call_id, []))
         else:
-            out += _check_guarded(call, store, execs, effects.get(call.call_id, []), heartbeat_s + slack_s)
+            ttl = 3 * heartbeat_s if lease_ttl_s is None else lease_ttl_s
+            if call.on_lost_lease == "finish":
+                i2 = _overlaps(call.call_id, execs, 0.0, min_silence_s=max(0.0, ttl - heartbeat_s - slack_s))
+            else:
+                i2 = _overlaps(call.call_id, execs, heartbeat_s + slack_s)
+            out += _check_guarded(call, store, execs, effects.get(call.call_id, []), i2)
     return out
 
 
@@ -180,7 +190,7 @@ def check_history(
 
 
 def _check_guarded(call: Call, store: AuditTrail, execs: list[Execution], effects: list[dict[str, Any]],
-                   window_s: float) -> list[Violation]:
+                   overlaps: list[Violation]) -> list[Violation]:
     cid = call.call_id
     v: list[Violation] = []
     events = store.events(cid)
@@ -204,7 +214,7 @@ def _check_guarded(call: Call, store: AuditTrail, execs: list[Execution], effect
             v.append(Violation("I1", cid, f"attempt(s) {late} started after the call had its result"))
 
     # I2: no overlap while both hold a valid lease
-    v += _overlaps(cid, execs, window_s)
+    v += overlaps
 
     attempts = [e.attempt for e in starts]
     body_attempts = Counter(x.attempt for x in execs if x.start_at is not None)
@@ -263,9 +273,11 @@ def _check_guarded(call: Call, store: AuditTrail, execs: list[Execution], effect
     return v
 
 
-def _overlaps(cid: str, execs: list[Execution], window_s: float) -> list[Violation]:
+def _overlaps(cid: str, execs: list[Execution], window_s: float, min_silence_s: float | None = None) -> list[Violation]:
     """I2: an execution active after a later one started, beyond ``window_s`` from its
-    first activity since that start (the stalled-worker window; 0 in baseline mode)."""
+    first activity since that start (the stalled-worker window; 0 in baseline mode).
+    With ``min_silence_s`` (``on_lost_lease=finish``) it may run on to its end, if it
+    was silent at least that long right before the later one started."""
     v = []
     for i, a in enumerate(execs):
         for b in execs[i + 1:]:
@@ -273,8 +285,14 @@ def _overlaps(cid: str, execs: list[Execution], window_s: float) -> list[Violati
             during = sorted(t for t in a.points if b_start < t <= b_last)
             if not during:
                 continue
-            resumed = during[0]
-            beyond = [t for t in during if t - resumed > window_s] if window_s > 0 else during
+            if min_silence_s is not None:
+                before = max((t for t in a.points if t <= b_start), default=b_start)
+                if b_start - before >= min_silence_s:
+                    continue
+                beyond = during
+            else:
+                resumed = during[0]
+                beyond = [t for t in during if t - resumed > window_s] if window_s > 0 else during
             if beyond:
                 v.append(Violation(
                     "I2", cid,

@@ -85,9 +85,10 @@ def plot_timeline(report: dict[str, Any], timeline: dict[str, Any], path: str) -
     fig, ax = plt.subplots(figsize=(14, max(3.0, 0.5 * len(hosts) + 1.5)))
     for r in runs:
         y = row[r["host"]] + (hash(r["pid"]) % 5) * 0.12 - 0.25
-        ax.barh(y, max(0.05, r["to"] - r["from"]), left=r["from"], height=0.1,
-                color=colors.get(r["attempt"], "tab:purple"), hatch=None if r["returned"] else "///",
-                edgecolor="black" if not r["returned"] else None, linewidth=0.3)
+        for a, b in r.get("segments") or [(r["from"], r["to"])]:
+            ax.barh(y, max(0.05, b - a), left=a, height=0.1,
+                    color=colors.get(r["attempt"], "tab:purple"), hatch=None if r["returned"] else "///",
+                    edgecolor="black" if not r["returned"] else None, linewidth=0.3)
     fault_colors = {"kill_main": "red", "kill_child": "orange", "freeze_kill": "purple", "stop_cont": "blue",
                     "duplicate": "green", "pg_kill": "brown"}
     for f in timeline["faults"]:
@@ -98,7 +99,7 @@ def plot_timeline(report: dict[str, Any], timeline: dict[str, Any], path: str) -
     s = report["summary"]
     ax.set_title(f"{report['mode']}: {s['calls']} calls, {sum(report['faults'].values())} faults, "
                  f"{sum(s['violations'].values())} violations (bars: attempt 1 green, 2 orange, 3 red, "
-                 "none grey; hatched: never returned; lines: faults)", fontsize=9)
+                 "none grey; hatched: never returned; gaps: frozen; lines: faults)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -55,6 +55,7 @@ class ChaosConfig:
     max_s: float = 4.0
     at_most_once_share: float = 0.35
     keyed_share: float = 0.5
+    finish_share: float = 0.3
     load: float = 0.8
     drain_s: float = 90.0
     visibility_timeout: float | None = None
@@ -95,12 +96,15 @@ def make_plan(config: ChaosConfig, nonce: str) -> Plan:
     calls = []
     for i in range(config.calls):
         delivery = "at_most_once" if rng.random() < config.at_most_once_share else "at_least_once"
+        finish = rng.random() < config.finish_share and delivery == "at_least_once"
+        on_lost = "finish" if finish else "cancel"
         calls.append(Call(
             call_id=f"chaos-{config.seed}-{i:05d}-{nonce}",
             delivery=delivery,
             max_attempts=config.max_attempts,
             keyed=rng.random() < config.keyed_share,
-            task=TASKS[delivery],
+            on_lost_lease=on_lost,
+            task=TASKS[delivery, on_lost],
             duration_s=round(rng.uniform(config.min_s, config.max_s), 2),
             sent_at=round(i / rate, 3),
         ))
@@ -115,6 +119,18 @@ def make_plan(config: ChaosConfig, nonce: str) -> Plan:
         hold = rng.uniform(1.0, 3.0) if kind == "freeze_kill" else config.ttl_s + rng.uniform(1.0, 3.0)
         faults.append(Fault(round(t, 3), kind, rng.randrange(config.workers), round(hold, 2), rng.random()))
     return Plan(calls, faults)
+
+
+def segments(points: list[float], gap_s: float = 0.6) -> list[tuple[float, float]]:
+    """The stretches in which a body really ran: ticks closer than ``gap_s`` apart
+    (a frozen body writes none)."""
+    out: list[tuple[float, float]] = []
+    for t in sorted(points):
+        if out and t - out[-1][1] <= gap_s:
+            out[-1] = (out[-1][0], t)
+        else:
+            out.append((t, t))
+    return [(round(a, 3), round(b, 3)) for a, b in out]
 
 
 class LocalRedis:
@@ -486,7 +502,7 @@ class ChaosRun:
         calls = self.plan.calls
         entries = self.ledger.entries()
         store = RecordedStore.snapshot(self.store, [x.call_id for x in calls]) if self.store is not None else None
-        violations = check_history(store, entries, calls, heartbeat_s=c.heartbeat_s)
+        violations = check_history(store, entries, calls, heartbeat_s=c.heartbeat_s, lease_ttl_s=c.ttl_s)
         summary = summarize(store, entries, calls, violations)
         done = Counter(f.kind for f in self.plan.faults if f.done_at is not None)
         skipped = Counter(f.kind for f in self.plan.faults if f.skipped)
@@ -497,7 +513,8 @@ class ChaosRun:
         self.timeline = {
             "executions": [
                 {"call_id": x.call_id, "attempt": x.attempt, "host": (x.host or "?"), "pid": x.pid,
-                 "from": x.first_at - self.t0, "to": x.last_at - self.t0, "returned": x.ended}
+                 "from": x.first_at - self.t0, "to": x.last_at - self.t0, "returned": x.ended,
+                 "segments": segments([t - self.t0 for t in x.points])}
                 for xs in runs.values() for x in xs
             ],
             "faults": [asdict(f) for f in self.plan.faults],

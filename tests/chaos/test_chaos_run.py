@@ -24,11 +24,11 @@ def chaos(redis_url: str, tmp_path, **kw) -> dict:
 
 
 def test_short_chaos_run_has_no_violations(redis_url, tmp_path):
-    report = chaos(redis_url, tmp_path, calls=20, workers=2, concurrency=2, faults=4, ttl_s=2.0, seed=11,
+    report = chaos(redis_url, tmp_path, calls=20, workers=2, concurrency=2, faults=5, ttl_s=2.0, seed=4,
                    drain_s=60)
     assert report["violations"] == []
     assert report["summary"]["results"].get("no result", 0) == 0
-    assert sum(report["faults"].values()) >= 3, report["fault_log"]  # the nemesis really acted
+    assert sum(report["faults"].values()) >= 4, report["fault_log"]  # the nemesis really acted
     assert report["summary"]["body_starts"] >= 20
 
 

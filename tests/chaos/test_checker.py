@@ -147,6 +147,26 @@ def test_i2_kept_by_a_stalled_attempt_that_stops_within_one_heartbeat():
     assert h.check() == []
 
 
+def test_i2_on_lost_lease_finish_may_run_on_only_after_its_lease_lapsed():
+    # heartbeat 0.5 s, TTL 1.5 s (3 x heartbeat): a lease lapses only after 1.5 - 0.5 - 0.5 = 0.5 s of silence
+    h = History()
+    cid = h.call("finish-ok", on_lost_lease="finish")
+    h.ev(cid, STARTED, 1, 0.0)
+    h.body(cid, 1, 0.0, 0.5, returns=False, exec_id="a1")        # frozen at 0.5
+    h.ev(cid, STARTED, 2, 2.5)
+    h.body(cid, 2, 2.5, 5.0, value={"attempt": 2})
+    h.body(cid, 1, 3.0, 4.5, value={"attempt": 1}, exec_id="a1", resume=True)  # runs to its end
+    h.ev(cid, STALE_RESULT, 1, 4.5)
+    h.result(cid, 2, {"attempt": 2})
+    assert h.check() == []
+
+    h = History()
+    cid = h.call("finish-live", on_lost_lease="finish")
+    h.lost(cid, 1, 0.0, 4.0)                       # never silent: its heartbeat held the lease
+    h.clean(cid, attempt=2, t0=1.0, dur=2.0)
+    assert invariants(h.check()) == ["I2"]
+
+
 # -- I3 ---------------------------------------------------------------------------------
 
 
