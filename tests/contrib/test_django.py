@@ -23,8 +23,14 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "django_project"
 @pytest.fixture(scope="module")
 def client() -> Iterator[Any]:
     sys.path.insert(0, str(EXAMPLE))
+    before = os.environ.get("DJANGO_SETTINGS_MODULE")
     os.environ["DJANGO_SETTINGS_MODULE"] = "proj.settings"
     django.setup()
+    # loaded now; celery worker subprocesses of other tests must not see a Django project
+    if before is None:
+        del os.environ["DJANGO_SETTINGS_MODULE"]
+    else:
+        os.environ["DJANGO_SETTINGS_MODULE"] = before
     from django.test import Client
 
     from aaa_celery.contrib.django import close_runs

@@ -89,3 +89,43 @@ def test_deny_through_a_form_post_and_the_html_pages(client: Any):
     assert client.get("/aaa/runs/run_nope/events").status_code == 404
     assert client.post("/aaa/runs", json={}).status_code == 400
     assert [x["run_id"] for x in client.get("/aaa/runs").get_json()["runs"]] == [run_id]
+
+
+@pytest.mark.redis
+@pytest.mark.fleet
+def test_the_example_against_a_redis_fleet_when_configured(redis_server: Any, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch):
+    import redis
+
+    from tests.runtime.fleet import Worker
+
+    url = redis_server.url.rsplit("/", 1)[0] + "/8"
+    redis.Redis.from_url(url).flushdb()
+    monkeypatch.setenv("AAA_REDIS_URL", url)
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    worker = Worker("flask-example", ["aaa.default"], 2, {"AAA_REDIS_URL": url}, tmp_path, app="worker", cwd=EXAMPLE)
+    try:
+        worker.wait_ready()
+        from app import aaa, create_app
+
+        app = create_app(TESTING=True)  # AAA_CELERY_APP = "worker:app", from the env var
+        client = app.test_client()
+        try:
+            with app.app_context():
+                assert not aaa.runs.engine.engine.embedded
+            run_id = client.post("/aaa/runs", json={"task": "refund order A-200"}).get_json()["run_id"]
+            [pending] = wait(lambda: client.get("/aaa/approvals").get_json()["approvals"], 30)
+            assert pending["arguments"] == {"order_id": "A-200", "amount": 125}
+            client.post(f"/aaa/runs/{run_id}/approvals/{pending['call_id']}", json={"decision": "approve"})
+            run = wait(lambda: (x := client.get(f"/aaa/runs/{run_id}/events").get_json())["result"] and x, 30)
+            assert run["result"]["value"]["text"].startswith("refunded 125 EUR on A-200")
+            calls = {c["name"]: c for c in client.get(f"/aaa/runs/{run_id}/attempts").get_json()["calls"]}
+            started = calls["refund"]["trail"][0]
+            assert started["type"] == "aaa.tool.started" and "flask-example@localhost" in started["data"]["worker"]
+        finally:
+            aaa.close(app)
+    except BaseException:
+        print(worker.log[-5000:])
+        raise
+    finally:
+        worker.stop()

@@ -19,20 +19,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Worker:
-    """``celery -A tests.runtime.fleet_engine_app worker -Q <queues> -c <n>``."""
+    """``celery -A <app> worker -Q <queues> -c <n>``, run in ``cwd`` (also put on ``PYTHONPATH``)."""
 
-    def __init__(self, name: str, queues: Sequence[str], concurrency: int, env: dict[str, str], logdir: Path) -> None:
+    def __init__(self, name: str, queues: Sequence[str], concurrency: int, env: dict[str, str], logdir: Path,
+                 *, app: str = "tests.runtime.fleet_engine_app", cwd: Path = ROOT) -> None:
         self.name = name
         self.log_path = logdir / f"{name}.log"
         cmd = [
-            sys.executable, "-m", "celery", "-A", "tests.runtime.fleet_engine_app", "worker",
+            sys.executable, "-m", "celery", "-A", app, "worker",
             "-P", "prefork", "-c", str(concurrency), "-Q", ",".join(queues), "-n", f"{name}@localhost",
             "--loglevel", "INFO", "--without-mingle", "--without-gossip",
         ]
-        full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+        full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(filter(None, [str(cwd), str(ROOT), os.environ.get("PYTHONPATH")]))}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         cwd=ROOT, env=full_env)
+                                         cwd=cwd, env=full_env)
 
     @property
     def log(self) -> str:
