@@ -11,6 +11,7 @@ from .types import LLMClient, LLMRequest, LLMResponse, Message, ToolCall
 
 if TYPE_CHECKING:
     from ..runtime.engine import Engine
+    from ..runtime.sync import SyncEngine
 
 
 class FakeLLMClient:
@@ -38,7 +39,8 @@ class LLMHandler:
     def __init__(self, client: Any) -> None:
         self.client = client
 
-    def attach(self, engine: Engine) -> None:
+    def attach(self, engine: Engine | SyncEngine) -> None:
+        """Answer ``engine``'s model requests (an ``Engine`` or a ``SyncEngine``)."""
         engine.llm = self
 
     async def complete(self, request: LLMRequest) -> LLMResponse:

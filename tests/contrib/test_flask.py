@@ -129,3 +129,25 @@ def test_the_example_against_a_redis_fleet_when_configured(redis_server: Any, tm
         raise
     finally:
         worker.stop()
+
+
+def test_the_authorize_hook_guards_each_action():
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        from app import aaa, create_app
+
+        app = create_app(TESTING=True, AAA_CELERY_APP=None,
+                         AAA_CELERY_AUTHORIZE=lambda request, action: action != "decide" or
+                         request.headers.get("X-Staff") == "yes")
+        client = app.test_client()
+        try:
+            run_id = client.post("/aaa/runs", json={"task": "refund order A-100"}).get_json()["run_id"]
+            [pending] = wait(lambda: client.get("/aaa/approvals").get_json()["approvals"])
+            url = f"/aaa/runs/{run_id}/approvals/{pending['call_id']}"
+            assert client.post(url, json={"decision": "approve"}).status_code == 403
+            assert client.get("/aaa/approvals").get_json()["approvals"] == [pending]  # still waiting
+            assert client.post(url, json={"decision": "approve"}, headers={"X-Staff": "yes"}).status_code == 200
+        finally:
+            aaa.close(app)
+    finally:
+        sys.path.remove(str(EXAMPLE))
