@@ -79,13 +79,15 @@ def starts(r: Any, task_id: str) -> list[tuple[float, int, int]]:
     return out
 
 
-def run_mode(mode: str, ttl: float | None, repeats: int, args: argparse.Namespace, logdir: Path) -> dict[str, Any]:
+def run_mode(mode: str, ttl: float | None, repeats: int, args: argparse.Namespace, logdir: Path,
+             srv: Any) -> dict[str, Any]:
+    """One scenario on the shared server (flushed first): the app's connections stay valid."""
     import redis
 
     from aaa_celery.stores.redis import RedisStore
 
     with ExitStack() as stack:
-        srv = stack.enter_context(redis_server())
+        redis.Redis.from_url(srv.url).flushall()
         env = {"BENCH_BROKER": srv.url, "BENCH_BACKEND": srv.url, "BENCH_STORE": srv.url,
                "BENCH_STARTS": srv.url, "BENCH_QUEUE": "bench", "BENCH_PREFETCH": "1"}
         if mode == "plain":
@@ -199,13 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     ttls = [float(t) for t in args.ttls.split(",") if t]
     logdir = Path(tempfile.mkdtemp(prefix="aaa-bench-takeover-"))
     rows = []
-    if args.guarded:
-        for ttl in ttls:
-            rows.append(run_mode("guarded", ttl, args.repeats, args, logdir))
-        if args.at_most_once:
-            rows.append(run_mode("at_most_once", ttls[0], args.repeats, args, logdir))
-    if args.plain:
-        rows.append(run_mode("plain", None, args.plain_repeats, args, logdir))
+    with redis_server() as srv:
+        if args.guarded:
+            for ttl in ttls:
+                rows.append(run_mode("guarded", ttl, args.repeats, args, logdir, srv))
+            if args.at_most_once:
+                rows.append(run_mode("at_most_once", ttls[0], args.repeats, args, logdir, srv))
+        if args.plain:
+            rows.append(run_mode("plain", None, args.plain_repeats, args, logdir, srv))
     text = report(rows, args.plain_visibility)
     print()
     print(text)
