@@ -37,6 +37,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-attempts", type=int, default=3)
     p.add_argument("--min-duration", type=float, default=0.5)
     p.add_argument("--max-duration", type=float, default=4.0)
+    p.add_argument("--at-most-once-share", type=float, default=0.35, help="share of at_most_once calls")
+    p.add_argument("--keyed-share", type=float, default=0.5, help="share of calls applying a keyed effect")
+    p.add_argument("--finish-share", type=float, default=0.3,
+                   help="share of at_least_once calls with on_lost_lease=finish (exercises the fence)")
     p.add_argument("--drain", type=float, default=90.0, help="seconds to wait for results after the last fault")
     p.add_argument("--visibility-timeout", type=float, help="Redis transport visibility_timeout (default kombu's 3600)")
     p.add_argument("--restore-interval", type=float, help="kombu unacked restore interval, throttle 1")
@@ -59,7 +63,8 @@ def config_from(args: argparse.Namespace) -> ChaosConfig:
     return ChaosConfig(
         calls=args.calls, workers=args.workers, concurrency=args.concurrency, faults=args.faults,
         broker=args.broker, store=args.store, baseline=args.baseline, seed=args.seed, ttl_s=args.ttl,
-        max_attempts=args.max_attempts, min_s=args.min_duration, max_s=args.max_duration, drain_s=args.drain,
+        max_attempts=args.max_attempts, at_most_once_share=args.at_most_once_share,
+        keyed_share=args.keyed_share, finish_share=args.finish_share, min_s=args.min_duration, max_s=args.max_duration, drain_s=args.drain,
         visibility_timeout=args.visibility_timeout, restore_s=args.restore_interval,
         unclaimed_grace_s=args.unclaimed_grace, kinds=kinds, progress=not args.quiet, workdir=args.workdir,
     )

@@ -21,6 +21,10 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         if kind in results or kind in ("completed", "no result"):
             rows.append((f"results: {kind}", str(results.pop(kind, 0))))
     rows += [(f"results: {kind}", str(n)) for kind, n in results.items()]
+    where = s.get("no_result_where")
+    if where:
+        rows.append(("  no result: in unacked / queued / gone",
+                     f"{where.get('in unacked', 0)} / {where.get('queued', 0)} / {where.get('gone', 0)}"))
     rows += [
         ("body starts", str(s["body_starts"])),
         ("calls whose body ran more than once", str(s["calls_run_more_than_once"])),

@@ -497,6 +497,25 @@ class ChaosRun:
             if lane is not None and lane.ended is None:
                 lane.ended = self._now()
 
+    def _where_are(self, call_ids: list[str]) -> dict[str, int]:
+        """Where the broker holds the messages of calls without a result: ``unacked`` (they
+        come back after ``visibility_timeout``), still queued, or gone (lost outright)."""
+        import json
+
+        import redis
+
+        wanted = set(call_ids)
+        client = redis.Redis.from_url(self.broker, decode_responses=True)
+        try:
+            unacked = {json.loads(raw)[0]["headers"]["id"] for raw in client.hvals("unacked")}
+            queued = {json.loads(raw)["headers"]["id"] for raw in client.lrange(self.env["AAA_CHAOS_QUEUE"], 0, -1)}
+        except (redis.RedisError, ValueError, KeyError, IndexError, TypeError):
+            return {}
+        finally:
+            client.close()
+        return {"in unacked": len(wanted & unacked), "queued": len(wanted & queued - unacked),
+                "gone": len(wanted - unacked - queued)}
+
     def _report(self, elapsed: float, undrained: int) -> ChaosReport:
         c = self.config
         calls = self.plan.calls
@@ -519,6 +538,9 @@ class ChaosRun:
             ],
             "faults": [asdict(f) for f in self.plan.faults],
         }
+        if summary["results"].get("no result"):
+            summary["no_result_where"] = self._where_are(
+                [x.call_id for x in calls if x.call_id not in self.done])
         return ChaosReport(
             mode="baseline" if c.baseline else "guard",
             config={k: v for k, v in asdict(c).items() if k not in ("progress", "workdir")},
