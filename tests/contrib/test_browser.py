@@ -1,0 +1,154 @@
+"""A person in a real browser: the Flask example served over HTTP, driven in headless Chromium.
+
+The example app (embedded engine: no server needed) is served by werkzeug on a free
+127.0.0.1 port in a thread; Selenium drives Debian's ``chromium`` through ``chromedriver``
+(``/usr/bin/chromium``, ``/usr/bin/chromedriver``; ``scripts/test`` installs both).
+Missing, the test skips locally and fails under ``CI=true``.
+
+Screenshots go to the test's tmp dir; ``AAA_UPDATE_SCREENSHOTS=1`` writes them to
+``docs/approval.png`` and ``docs/run-finished.png`` instead (the README's pictures)::
+
+    AAA_UPDATE_SCREENSHOTS=1 scripts/test tests/contrib/test_browser.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..conftest import unavailable
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "flask_app"
+CHROMIUM = os.environ.get("AAA_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMEDRIVER = os.environ.get("AAA_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
+TIMEOUT_S = 15
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where the screenshots go: docs/ when asked to refresh them, else the tmp dir."""
+    if os.environ.get("AAA_UPDATE_SCREENSHOTS") == "1":
+        (ROOT / "docs").mkdir(exist_ok=True)
+        return ROOT / "docs"
+    return tmp_path
+
+
+@pytest.fixture
+def base_url() -> Iterator[str]:
+    """The example app, embedded engine, behind a real WSGI server on a free loopback port."""
+    pytest.importorskip("flask")
+    from werkzeug.serving import make_server
+
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        from app import aaa, create_app  # the example app
+
+        app = create_app(TESTING=True, AAA_CELERY_APP=None)
+        try:
+            server = make_server("127.0.0.1", 0, app, threaded=True)
+            thread = threading.Thread(target=server.serve_forever, name="flask-example", daemon=True)
+            thread.start()
+            try:
+                yield f"http://127.0.0.1:{server.server_port}"
+            finally:
+                server.shutdown()
+                thread.join(10)
+                server.server_close()
+        finally:
+            aaa.close(app)
+    finally:
+        sys.path.remove(str(EXAMPLE))
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    """Headless Chromium under chromedriver, with a new empty profile; quit at the end."""
+    for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
+        if not (shutil.which(path) or os.access(path, os.X_OK)):
+            unavailable(f"{path} is missing (apt-get install {package}; scripts/test installs it)")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        unavailable("selenium is not installed (pip install -e '.[dev]')")
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--no-proxy-server", "--window-size=1100,900",
+                 f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    # a driver path given: Selenium Manager (which would download one) is never asked
+    service = Service(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
+    driver = webdriver.Chrome(options=options, service=service)
+    try:
+        driver.set_page_load_timeout(TIMEOUT_S)
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_a_person_sees_the_pending_approval_clicks_approve_and_sees_the_run_finish(
+        base_url: str, browser: Any, shots: Path):
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    until = WebDriverWait(browser, TIMEOUT_S, poll_frequency=0.1,
+                          ignored_exceptions=[StaleElementReferenceException]).until
+
+    # Given a person on the runs page who starts a refund
+    browser.get(f"{base_url}/aaa/")
+    assert browser.title == "Agent runs"
+    browser.find_element(By.NAME, "task").send_keys("refund order A-100")
+    browser.find_element(By.NAME, "tenant").send_keys("acme")
+    browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+
+    # the form lands on the run's page, which shows the refund waiting for a person
+    until(ec.url_contains("/aaa/runs/run"))
+    run_id = browser.current_url.rstrip("/").rsplit("/", 1)[1]
+    approval = until(ec.visibility_of_element_located((By.CSS_SELECTOR, "#pending .approval")))
+    until(ec.text_to_be_present_in_element((By.ID, "status"), "waiting"))
+    assert "refund" in approval.text and '"order_id":"A-100"' in approval.text.replace(" ", "")
+    assert '"amount":30' in approval.text.replace(" ", "")
+    assert browser.find_element(By.CSS_SELECTOR, "#pending .deny").is_displayed()
+    # the lookup already ran, the refund was not sent to any worker
+    until(ec.text_to_be_present_in_element((By.ID, "attempts"), "not sent"))
+    assert browser.find_elements(By.ID, "answer") == []
+    browser.save_screenshot(str(shots / "approval.png"))
+
+    # When the person clicks Approve (the page re-renders the pending list while it polls:
+    # a stale button is looked up again, a click that went through is never repeated)
+    def click_approve(driver: Any) -> bool:
+        driver.find_element(By.CSS_SELECTOR, "#pending .approve").click()
+        return True
+
+    until(click_approve)
+
+    # Then the page shows the run finished, with the refund's result as the final text
+    answer = until(ec.visibility_of_element_located((By.ID, "answer")))
+    assert answer.text.startswith("refunded 30 EUR on A-100 (key refund:A-100)")
+    until(ec.text_to_be_present_in_element((By.ID, "status"), "completed"))
+    assert browser.find_element(By.ID, "pending").text == "none"
+    events = browser.find_element(By.ID, "events").text
+    assert "aaa.approval.granted" in events and "aaa.run.completed" in events
+    until(ec.text_to_be_present_in_element((By.ID, "attempts"), "aaa.tool.completed (attempt 1)"))
+    browser.save_screenshot(str(shots / "run-finished.png"))
+
+    # and the runs page lists the run as completed, with nothing left waiting
+    browser.get(f"{base_url}/aaa/")
+    until(ec.text_to_be_present_in_element((By.ID, "runs"), run_id))
+    until(ec.text_to_be_present_in_element((By.ID, "runs"), "completed"))
+    assert browser.find_element(By.ID, "approvals").text == "none"
