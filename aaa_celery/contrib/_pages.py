@@ -23,6 +23,11 @@ _STYLE = """
      body: JSON.stringify({decision: decision, digest: digest})});
    if (!r.ok) alert(await r.text());
  }
+ // Rebuild a live region only when its content changed, so a click is never lost to a redraw.
+ function setHtml(id, html) {
+   const el = document.getElementById(id);
+   if (el.dataset.html !== html) { el.innerHTML = html; el.dataset.html = html; }
+ }
  function esc(v) { const d = document.createElement("div"); d.textContent = typeof v === "string" ? v : JSON.stringify(v); return d.innerHTML; }
  function approvalHtml(p) {
    return `<div class="approval" id="approval-${esc(p.call_id)}"><b>${esc(p.tool)}</b>
@@ -49,10 +54,10 @@ INDEX = """<!doctype html>
 <script>
  async function poll() {
    const a = await (await fetch("{{base}}/approvals")).json();
-   document.getElementById("approvals").innerHTML = a.approvals.length ? a.approvals.map(approvalHtml).join("") : "none";
+   setHtml("approvals", a.approvals.length ? a.approvals.map(approvalHtml).join("") : "none");
    const r = await (await fetch("{{base}}/runs")).json();
-   document.getElementById("runs").innerHTML = r.runs.map(x =>
-     `<tr><td><a href="{{base}}/runs/${esc(x.run_id)}">${esc(x.run_id)}</a></td><td>${esc(x.tenant || "")}</td><td>${esc(x.status)}</td></tr>`).join("");
+   setHtml("runs", r.runs.map(x =>
+     `<tr><td><a href="{{base}}/runs/${esc(x.run_id)}">${esc(x.run_id)}</a></td><td>${esc(x.tenant || "")}</td><td>${esc(x.status)}</td></tr>`).join(""));
  }
  poll(); setInterval(poll, 1000);
 </script>
@@ -73,9 +78,9 @@ RUN = """<!doctype html>
  let after = 0, finished = false;
  async function attempts() {
    const calls = (await (await fetch(`{{base}}/runs/${runId}/attempts`)).json()).calls;
-   document.getElementById("attempts").innerHTML = calls.map(c =>
+   setHtml("attempts", calls.map(c =>
      `<tr><td><b>${esc(c.name)}</b><br><code>${esc(c.task_id)}</code></td><td>${c.trail.map(e =>
-       `${esc(e.type)} (attempt ${e.attempt})`).join("<br>") || "not sent"}</td></tr>`).join("");
+       `${esc(e.type)} (attempt ${e.attempt})`).join("<br>") || "not sent"}</td></tr>`).join(""));
  }
  async function poll() {
    const run = await (await fetch(`{{base}}/runs/${runId}/events?after=${after}`)).json();
@@ -85,7 +90,7 @@ RUN = """<!doctype html>
      after = e.seq;
    }
    document.getElementById("status").textContent = run.status;
-   document.getElementById("pending").innerHTML = run.pending.length ? run.pending.map(approvalHtml).join("") : "none";
+   setHtml("pending", run.pending.length ? run.pending.map(approvalHtml).join("") : "none");
    if (run.result) {
      document.getElementById("result").innerHTML = run.result.error ? `<p>Error: ${esc(run.result.error)}</p>`
        : `<p id="answer">${esc(run.result.value && run.result.value.text !== undefined ? run.result.value.text : run.result.value)}</p>`;
