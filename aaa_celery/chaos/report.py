@@ -52,9 +52,21 @@ INVARIANT_NAMES = {
 }
 
 
+def label(report: dict[str, Any]) -> str:
+    """The run's column title: the mode, and the broker settings that changed."""
+    c = report.get("config") or {}
+    extra = []
+    if c.get("visibility_timeout"):
+        extra.append(f"visibility_timeout {c['visibility_timeout']:g} s")
+    if c.get("restore_s"):
+        extra.append(f"restore every {c['restore_s']:g} s")
+    name = "guard (aaa_celery)" if report["mode"] == "guard" else "plain Celery acks_late"
+    return f"{name}, {', '.join(extra)}" if extra else name
+
+
 def format_table(report: dict[str, Any]) -> str:
     """A plain-text table of one run."""
-    rows = [("", report["mode"])] + _rows(report)
+    rows = [("", label(report))] + _rows(report)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -65,7 +77,7 @@ def format_markdown(*reports: dict[str, Any]) -> str:
     keys: list[str] = []
     for r in reports:
         keys += [k for k, _ in _rows(r) if k not in keys]
-    head = "| | " + " | ".join(r["mode"] for r in reports) + " |"
+    head = "| | " + " | ".join(label(r) for r in reports) + " |"
     lines = [head, "|---" * (len(reports) + 1) + "|"]
     lines += ["| " + k + " | " + " | ".join(c.get(k, "") for c in columns) + " |" for k in keys]
     return "\n".join(lines)
