@@ -252,3 +252,32 @@ def test_enabled_false_runs_the_task_and_records_nothing(fleet):
     assert f.store.events(result.id) == [] and f.store.result(result.id) is None
     broker = redis.Redis.from_url(f.env["AAA_FLEET_BROKER"])
     assert broker.keys("aaa:{*") == []  # no lease, attempt, spec or index keys
+
+
+def test_threads_pool_kill_9_main_mid_call_at_least_once_runs_attempt_2_on_other_worker(fleet):
+    f = fleet(pool="threads", concurrency=2, TTL=TTL)
+    result = f.client.tasks["fleet.long"].delay(4.0)
+    first = started(f, result.id)[0]
+    holder = holder_of(f, first)
+    assert first["pid"] == holder.pid  # the tool runs in a thread of the main process
+    killed_at = time.time()
+    holder.kill()
+    second = started(f, result.id, 2, TAKEOVER_S)[1]
+    assert second["at"] - killed_at < TAKEOVER_S and f.worker_of(second["pid"]) is not holder
+    assert result.get(timeout=30)["attempt"] == 2
+    assert types(f.store, result.id) == [STARTED, STARTED, COMPLETED]
+
+
+def test_threads_pool_sigstop_past_lease_with_cancel_fences_stale_tool_in_its_thread(fleet):
+    # A thread is interrupted at its next bytecode: the sleep ends first (a documented
+    # limit), but the line after it never runs and no result is recorded.
+    f = fleet(pool="threads", concurrency=2, TTL=TTL)
+    result = f.client.tasks["fleet.long"].delay(6.0)
+    holder, second, frozen = freeze_until_taken_over(f, result.id, 6.0)
+    frozen.thaw()
+    wait_for(lambda: FENCED in types(f.store, result.id), 15, "aaa.tool.fenced of attempt 1")
+    assert result.get(timeout=30)["attempt"] == 2
+    events = f.store.events(result.id)
+    assert [(e.type, e.attempt) for e in events if e.type != STARTED] == [(FENCED, 1), (COMPLETED, 2)]
+    assert [a["attempt"] for a in f.ledger.entries(result.id, "after")] == [2]
+    assert holder.alive
