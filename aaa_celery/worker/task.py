@@ -25,10 +25,31 @@ from typing import Any, ClassVar
 from celery import Task
 from celery.exceptions import Ignore, Reject
 
-from ..config import GuardConfig, RetryPolicy, build_config, parse_delivery, validate_overrides
+from ..config import (
+    GuardConfig,
+    RetryPolicy,
+    build_config,
+    parse_delivery,
+    validate_overrides,
+)
 from ..context import ToolContext
-from ..errors import TOOL_ERRORS, StoreUnavailable, ToolArgsError, ToolError, ToolTimeout
-from ..lifecycle import Accepted, Busy, CallSpec, Claimed, Finished, Lease, Outcome, Refused
+from ..errors import (
+    TOOL_ERRORS,
+    StoreUnavailable,
+    ToolArgsError,
+    ToolError,
+    ToolTimeout,
+)
+from ..lifecycle import (
+    Accepted,
+    Busy,
+    CallSpec,
+    Claimed,
+    Finished,
+    Lease,
+    Outcome,
+    Refused,
+)
 from ..stores.base import Store
 from .stores import app_store
 from .watchdog import BodyTimedOut, LeaseCancelled, Watchdog

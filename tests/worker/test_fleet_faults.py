@@ -38,9 +38,10 @@ def holder_of(fleet, entry):
     return fleet.worker_of(entry["pid"])
 
 
-def test_kill_9_main_mid_call_at_least_once_runs_attempt_2_on_other_worker(fleet):
-    f = fleet(TTL=TTL)
-    result = f.client.tasks["fleet.long"].delay(4.0)
+def kill_main_mid_call_and_see_attempt_2_elsewhere(f, task="fleet.long"):
+    """Start a 4 s call, kill -9 its worker's main process, and check attempt 2 starts on
+    another worker in time; returns (result, attempt 1's ledger entry, its worker)."""
+    result = f.client.tasks[task].delay(4.0)
     first = started(f, result.id)[0]
     holder = holder_of(f, first)
     killed_at = time.time()
@@ -48,6 +49,12 @@ def test_kill_9_main_mid_call_at_least_once_runs_attempt_2_on_other_worker(fleet
     second = started(f, result.id, 2, TAKEOVER_S)[1]
     assert second["at"] - killed_at < TAKEOVER_S
     assert second["attempt"] == 2 and f.worker_of(second["pid"]) is not holder
+    return result, first, holder
+
+
+def test_kill_9_main_mid_call_at_least_once_runs_attempt_2_on_other_worker(fleet):
+    f = fleet(TTL=TTL)
+    result, _, _ = kill_main_mid_call_and_see_attempt_2_elsewhere(f)
     value = result.get(timeout=30)
     assert value["attempt"] == 2
     assert len(f.ledger.entries(result.id, "start")) == 2
@@ -133,7 +140,7 @@ def freeze_until_taken_over(f, task_id, seconds_left):
 def test_sigstop_past_lease_with_cancel_fences_stale_tool_before_line_after_sleep(fleet):
     f = fleet(TTL=TTL)
     result = f.client.tasks["fleet.long"].delay(8.0)
-    holder, second, frozen = freeze_until_taken_over(f, result.id, 8.0)
+    holder, _second, frozen = freeze_until_taken_over(f, result.id, 8.0)
     frozen.thaw()
     wait_for(lambda: FENCED in types(f.store, result.id), 10, "aaa.tool.fenced of attempt 1")
     assert result.get(timeout=30)["attempt"] == 2
@@ -256,14 +263,8 @@ def test_enabled_false_runs_the_task_and_records_nothing(fleet):
 
 def test_threads_pool_kill_9_main_mid_call_at_least_once_runs_attempt_2_on_other_worker(fleet):
     f = fleet(pool="threads", concurrency=2, TTL=TTL)
-    result = f.client.tasks["fleet.long"].delay(4.0)
-    first = started(f, result.id)[0]
-    holder = holder_of(f, first)
-    assert first["pid"] == holder.pid  # the tool runs in a thread of the main process
-    killed_at = time.time()
-    holder.kill()
-    second = started(f, result.id, 2, TAKEOVER_S)[1]
-    assert second["at"] - killed_at < TAKEOVER_S and f.worker_of(second["pid"]) is not holder
+    result, first, holder = kill_main_mid_call_and_see_attempt_2_elsewhere(f)
+    assert first["pid"] == holder.pid  # the tool ran in a thread of the main process
     assert result.get(timeout=30)["attempt"] == 2
     assert types(f.store, result.id) == [STARTED, STARTED, COMPLETED]
 
@@ -273,7 +274,7 @@ def test_threads_pool_sigstop_past_lease_with_cancel_fences_stale_tool_in_its_th
     # limit), but the line after it never runs and no result is recorded.
     f = fleet(pool="threads", concurrency=2, TTL=TTL)
     result = f.client.tasks["fleet.long"].delay(6.0)
-    holder, second, frozen = freeze_until_taken_over(f, result.id, 6.0)
+    holder, _second, frozen = freeze_until_taken_over(f, result.id, 6.0)
     frozen.thaw()
     wait_for(lambda: FENCED in types(f.store, result.id), 15, "aaa.tool.fenced of attempt 1")
     assert result.get(timeout=30)["attempt"] == 2

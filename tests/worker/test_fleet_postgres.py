@@ -14,21 +14,20 @@ import pytest
 from aaa_celery.lifecycle import COMPLETED, STARTED
 from aaa_celery.testing import freeze
 
-from .test_fleet_faults import TAKEOVER_S, TTL, holder_of, started, types
+from .test_fleet_faults import (
+    TTL,
+    holder_of,
+    kill_main_mid_call_and_see_attempt_2_elsewhere,
+    started,
+    types,
+)
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.fleet]
 
 
 def test_postgres_store_kill_9_main_mid_call_at_least_once_runs_attempt_2_on_other_worker(fleet, postgres_url):
     f = fleet(TTL=TTL, STORE=postgres_url)
-    result = f.client.tasks["fleet.long"].delay(4.0)
-    first = started(f, result.id)[0]
-    holder = holder_of(f, first)
-    killed_at = time.time()
-    holder.kill()
-    second = started(f, result.id, 2, TAKEOVER_S)[1]
-    assert second["at"] - killed_at < TAKEOVER_S and second["attempt"] == 2
-    assert f.worker_of(second["pid"]) is not holder
+    result, _, _ = kill_main_mid_call_and_see_attempt_2_elsewhere(f)
     assert result.get(timeout=30)["attempt"] == 2
     assert len(f.ledger.entries(result.id, "start")) == 2
     assert types(f.store, result.id) == [STARTED, STARTED, COMPLETED]
