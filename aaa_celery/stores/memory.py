@@ -102,6 +102,7 @@ class MemoryStore(Store):
                 self._record(rec, decision.refusal)
                 return Refused(decision.refusal)
             rec.attempts = decision.attempt
+            rec.recovery_until = 0.0  # claimed: a later crash may be recovered at once
             rec.lease = Lease(
                 call.call_id, decision.attempt, worker, new_token(), config.lease_ttl_s,
                 now + config.lease_ttl_s,

@@ -122,7 +122,8 @@ def update_call_spec(spec: CallSpec) -> sa.Update:
 
 
 def claim_attempt(call_id: str, lease: Lease) -> sa.Update:
-    """Count a new attempt and give its lease to the claiming worker."""
+    """Count a new attempt, give its lease to the claiming worker, and end any recovery
+    hold: the republished call was claimed, so a later crash may be recovered at once."""
     return (
         calls.update()
         .where(calls.c.call_id == call_id)
@@ -132,6 +133,7 @@ def claim_attempt(call_id: str, lease: Lease) -> sa.Update:
             lease_worker=lease.worker,
             lease_attempt=lease.attempt,
             lease_expires_at=lease.expires_at,
+            recovery_until=0.0,
         )
     )
 

@@ -139,7 +139,9 @@ class ToolHandler:
                 )
             queue = self.queue_for(t, queue_prefix)
             if queue not in names:
-                queues.append(Queue(queue))
+                # Its own routing key: Celery would bind it with the default queue's key, and
+                # messages for the default queue would be copied into every pool's queue.
+                queues.append(Queue(queue, routing_key=queue))
                 names.add(queue)
             if existing is not None:
                 continue

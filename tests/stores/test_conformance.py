@@ -412,6 +412,23 @@ def test_claim_recovery_is_won_by_exactly_one_caller(store_factory):
     assert stores[1].claim_recovery(call.call_id, "worker-late", 30.0) is False
 
 
+def test_a_claim_ends_the_recovery_hold_so_a_second_crash_is_recovered_at_once(store_factory, lose_lease):
+    # Given a call that recovery republished (its hold is 30 s) and a worker then claimed
+    store = store_factory()
+    call = new_call()
+    store.register(call)
+    assert store.claim_recovery(call.call_id, "sweeper", 30.0)
+    cfg = config()
+    lease = claim(store, call, "worker-a", cfg).lease
+
+    # When that attempt is lost too
+    lose_lease(store, lease)
+
+    # Then the next sweep may republish it at once, not after the hold
+    assert call.call_id in {c.call_id for c in store_factory().expired()}
+    assert store_factory().claim_recovery(call.call_id, "sweeper-2", 30.0) is True
+
+
 # --- concurrency ------------------------------------------------------------------------
 
 N_THREADS = 8

@@ -8,7 +8,7 @@
 -- ARGV[10] the refusal's '"error":...,"message":...' JSON, "{attempts}" standing for the count
 -- ARGV[11] retention of a finished call's keys (s)
 -- Touches: spec (created or upgraded), and on a claim attempts, lease, events, running,
--- unclaimed; on a refusal result, lease, events, running, unclaimed and the TTLs.
+-- unclaimed, recovery (deleted); on a refusal result, lease, events, running, unclaimed and the TTLs.
 -- Returns {"finished", outcome JSON} | {"busy", worker, expires ms} |
 --         {"refused", outcome JSON} | {"claimed", attempt, expires ms}.
 
@@ -38,6 +38,7 @@ redis.call('HSET', LEASE, 'token', ARGV[7], 'worker', ARGV[6], 'attempt', attemp
 redis.call('PEXPIRE', LEASE, ARGV[8])
 redis.call('ZREM', UNCLAIMED, CALL)
 redis.call('ZADD', RUNNING, expires, CALL)
+redis.call('DEL', RECOVERY)  -- claimed: a later crash may be recovered at once
 local spec = redis.call('HMGET', SPEC, 'name', 'ikey')
 push_event(CALL .. ':attempt:' .. attempt, STARTED, attempt,
   '{"call_id":' .. enc(CALL) .. ',"name":' .. enc(spec[1]) .. ',"attempt":' .. attempt
