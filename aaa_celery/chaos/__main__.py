@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     config = config_from(args)
     command = "python -m aaa_celery.chaos " + shlex.join(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGTERM, _terminate)  # stop the fleet on kill too, like Ctrl-C
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started with SIGINT ignored
     run = ChaosRun(config, command=command)
     try:
         report = run.run()

@@ -7,6 +7,7 @@ from typing import Any
 from .checker import INVARIANTS, LEDGER_ONLY
 
 RESULT_KINDS = ("completed", "OutcomeUnknown", "ExecutionAbandoned", "completed twice or more", "no result")
+GUARD_ONLY_RESULTS = ("OutcomeUnknown", "ExecutionAbandoned")
 
 
 def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
@@ -17,14 +18,14 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         skipped = report["faults_skipped"].get(kind, 0)
         rows.append((f"faults: {kind}", f"{report['faults'].get(kind, 0)}" + (f" ({skipped} skipped)" if skipped else "")))
     results = dict(s["results"])
-    for kind in RESULT_KINDS:
-        if kind in results or kind in ("completed", "no result"):
-            rows.append((f"results: {kind}", str(results.pop(kind, 0))))
+    for kind in RESULT_KINDS:  # every kind in every table, so tables line up side by side
+        n = results.pop(kind, 0)
+        na = (kind in GUARD_ONLY_RESULTS and baseline) or (kind == "completed twice or more" and not baseline)
+        rows.append((f"results: {kind}", "n/a" if na else str(n)))
     rows += [(f"results: {kind}", str(n)) for kind, n in results.items()]
-    where = s.get("no_result_where")
-    if where:
-        rows.append(("  no result: in unacked / queued / gone",
-                     f"{where.get('in unacked', 0)} / {where.get('queued', 0)} / {where.get('gone', 0)}"))
+    where = s.get("no_result_where") or {}
+    rows.append(("  no result: in unacked / queued / gone",
+                 f"{where.get('in unacked', 0)} / {where.get('queued', 0)} / {where.get('gone', 0)}" if where else "-"))
     rows += [
         ("body starts", str(s["body_starts"])),
         ("calls whose body ran more than once", str(s["calls_run_more_than_once"])),
