@@ -29,7 +29,7 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     rows += [
         ("body starts", str(s["body_starts"])),
         ("calls whose body ran more than once", str(s["calls_run_more_than_once"])),
-        ("duplicate sends absorbed (no extra body run)",
+        ("calls sent twice whose body ran once",
          f"{s.get('duplicate_sends_absorbed', 0)} of {report['duplicate_sends']}"),
         ("effects applied / deduplicated by key", f"{s['effects_applied']} / {s['effects_deduplicated_by_key']}"),
         ("stale results fenced / attempts cancelled", "n/a" if baseline else
