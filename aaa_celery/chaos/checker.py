@@ -254,9 +254,13 @@ def _check_guarded(call: Call, store: AuditTrail, execs: list[Execution], effect
             v.append(Violation("I5", cid, f"result of attempt {r.attempt}, which was never started"))
     if result is not None and results and result.attempt != results[0].attempt:
         v.append(Violation("I5", cid, f"recorded result is attempt {result.attempt}, trail says {results[0].attempt}"))
-    for e in events:
-        if e.type == STALE_RESULT and not any(s.attempt > e.attempt for s in starts):
-            v.append(Violation("I5", cid, f"attempt {e.attempt} was fenced as stale but no newer attempt exists"))
+    for i, e in enumerate(events):
+        # stale: a newer attempt exists, or the call already had its result (e.g. the
+        # OutcomeUnknown recorded while this attempt was frozen)
+        if e.type == STALE_RESULT and not any(s.attempt > e.attempt for s in starts) \
+                and not any(x.type in (COMPLETED, FAILED) for x in events[:i]):
+            v.append(Violation("I5", cid, f"attempt {e.attempt} was fenced as stale, but no newer attempt "
+                                          "or earlier result exists"))
 
     # I6: a keyed effect is applied exactly once for a completed call
     completed = result is not None and result.ok

@@ -325,7 +325,8 @@ class ChaosRun:
         last_fault = self.plan.faults[-1].at if self.plan.faults else 0.0
         drain_from: float | None = None
         next_poll = next_say = 0.0
-        deadline = (queue[-1].sent_at if queue else 0) + last_fault + c.drain_s + 600  # hard bound
+        # A hard bound: every send and fault (plus their holds, late on a loaded machine), then the drain.
+        deadline = max(queue[-1].sent_at if queue else 0.0, last_fault) + 10 * len(self.plan.faults) + c.drain_s + 120
         while True:
             now = self._now()
             while queue and queue[0].sent_at <= now:

@@ -231,6 +231,24 @@ def test_i5_kept_when_the_superseded_result_is_only_stale_result():
     assert h.check() == []
 
 
+def test_i5_kept_when_a_woken_attempt_finds_the_outcome_unknown_already_recorded():
+    h = History()
+    cid = h.call("amo", delivery="at_most_once", on_lost_lease="finish")
+    h.ev(cid, STARTED, 1, 0.0)
+    h.body(cid, 1, 0.0, 0.5, value={"attempt": 1}, exec_id="a1")
+    h.result(cid, 1, error="OutcomeUnknown", at=3.0)       # frozen: a redelivery was refused
+    h.ev(cid, STALE_RESULT, 1, 4.0, value={"attempt": 1})  # it wakes and finishes: kept as audit only
+    assert h.check() == []
+
+
+def test_i5_a_stale_result_with_nothing_newer_is_reported():
+    h = History()
+    cid = h.call("odd")
+    h.clean(cid)
+    h.events[cid].insert(1, Event(f"{cid}:attempt:1:stale", STALE_RESULT, cid, 1, {}, 0.9))
+    assert invariants(h.check()) == ["I5"]
+
+
 # -- I6 ---------------------------------------------------------------------------------
 
 
