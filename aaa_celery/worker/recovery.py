@@ -12,16 +12,20 @@ becomes attempt *n+1*, or ``OutcomeUnknown`` / ``ExecutionAbandoned``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import threading
 from typing import Any
 
 from celery import Celery, bootsteps
 
 from ..errors import StoreError
+from ..stores import open_store
 from ..stores.base import Store
-from .stores import app_store
+from .stores import store_url
+from .task import enable_task_events
 
 log = logging.getLogger("aaa_celery.recovery")
 
@@ -33,8 +37,12 @@ DEFAULT_UNCLAIMED_GRACE_S = 300.0
 DEFAULT_HOLD_S = 10.0
 
 
-def recover(app: Celery, store: Store, worker: str) -> list[str]:
-    """Republish every lapsed call once; returns the call ids sent again."""
+def recover(app: Celery, store: Store, worker: str, producer: Any = None) -> list[str]:
+    """Republish every lapsed call once; returns the call ids sent again.
+
+    ``producer`` (a kombu producer on a connection of the caller's own) publishes the
+    calls; without it, one is taken from the app's producer pool.
+    """
     conf = app.conf
     grace = float(conf.get("aaa_unclaimed_grace_s") or DEFAULT_UNCLAIMED_GRACE_S)
     hold = float(conf.get("aaa_recovery_hold_s") or DEFAULT_HOLD_S)
@@ -46,17 +54,93 @@ def recover(app: Celery, store: Store, worker: str) -> list[str]:
         options: dict[str, Any] = {"task_id": call.call_id, "headers": request.get("headers") or {}}
         if request.get("queue"):
             options["queue"] = request["queue"]
-        app.send_task(request["task"], args=request.get("args") or [], kwargs=request.get("kwargs") or {}, **options)
+        app.send_task(request["task"], args=request.get("args") or [], kwargs=request.get("kwargs") or {},
+                      producer=producer, **options)
         sent.append(call.call_id)
     if sent:
         log.info("aaa recovery republished %d call(s): %s", len(sent), ", ".join(sent[:10]))
     return sent
 
 
-class RecoveryStep(bootsteps.StartStopStep):  # type: ignore[misc]
-    """A worker bootstep that runs :func:`recover` every ``aaa_recovery_interval_s``."""
+class Sweeper:
+    """Runs :func:`recover` every ``interval_s`` in a daemon thread of its own.
 
-    requires = {"celery.worker.components:Timer"}
+    The thread has its own store client and its own broker connection, so a sweep
+    never blocks the worker's event loop, and nothing the event loop does (a
+    consumer restart, a timer entry dropped) can stop the sweeps. An error in one
+    sweep is logged and the connections are opened again for the next one.
+    """
+
+    def __init__(self, app: Celery, name: str, interval_s: float) -> None:
+        self.app, self.name, self.interval_s = app, name, interval_s
+        self.sweeps = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._store: Store | None = None
+        self._conn: Any = None
+        self._producer: Any = None
+
+    def start(self) -> Sweeper:
+        self._thread = threading.Thread(target=self._loop, name="aaa-recovery", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.wait(self.interval_s):
+                self.sweep_once()
+        finally:
+            self._close()
+
+    def sweep_once(self) -> list[str]:
+        """One sweep; never raises (a failed sweep is logged and retried next period)."""
+        try:
+            if self._store is None:
+                self._store = open_store(store_url(self.app))
+            if self._producer is None:
+                self._conn = self.app.connection_for_write()
+                self._producer = self.app.amqp.Producer(self._conn)
+            sent = recover(self.app, self._store, self.name, self._producer)
+            self.sweeps += 1
+            return sent
+        except StoreError as e:
+            log.warning("aaa recovery sweep skipped: %s", e)
+        except Exception:  # noqa: BLE001 - a sweep must never end the sweeper
+            log.exception("aaa recovery sweep failed")
+            self._close_broker()
+        return []
+
+    def _close_broker(self) -> None:
+        conn, self._conn, self._producer = self._conn, None, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.release()
+
+    def _close(self) -> None:
+        self._close_broker()
+        store, self._store = self._store, None
+        if store is not None:
+            with contextlib.suppress(Exception):
+                store.close()
+
+
+class RecoveryStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """A worker bootstep that runs :func:`recover` every ``aaa_recovery_interval_s``.
+
+    The sweeps run in a :class:`Sweeper` thread of the worker's main process, not on
+    the worker's event-loop timer: a timer entry depends on the event loop staying
+    healthy, and a publish from it would block the loop.
+    """
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
@@ -64,24 +148,21 @@ class RecoveryStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
         # A worker with guarded tasks refuses to start without a store (or with pickle).
         check_settings(worker.app)
-        self.tref: Any = None
+        # Before the pool starts, so prefork children inherit it.
+        enable_task_events(bool(getattr(worker, "task_events", False)))
+        self.sweeper: Sweeper | None = None
         self.name_ = f"{getattr(worker, 'hostname', socket.gethostname())}/{os.getpid()}/recovery"
 
     def start(self, worker: Any) -> None:
         interval = float(worker.app.conf.get("aaa_recovery_interval_s") or DEFAULT_INTERVAL_S)
-        if interval <= 0:
+        if interval <= 0 or self.sweeper is not None:
             return
-        self.tref = worker.timer.call_repeatedly(interval, self.sweep, (worker,), priority=10)
-
-    def sweep(self, worker: Any) -> None:
-        try:
-            recover(worker.app, app_store(worker.app), self.name_)
-        except StoreError as e:
-            log.warning("aaa recovery sweep skipped: %s", e)
-        except Exception:  # noqa: BLE001 - a sweep must never kill the worker's timer
-            log.exception("aaa recovery sweep failed")
+        self.sweeper = Sweeper(worker.app, self.name_, interval).start()
 
     def stop(self, worker: Any) -> None:
-        if self.tref is not None:
-            self.tref.cancel()
-            self.tref = None
+        sweeper, self.sweeper = self.sweeper, None
+        if sweeper is not None:
+            sweeper.stop()
+
+    def terminate(self, worker: Any) -> None:
+        self.stop(worker)
