@@ -89,8 +89,14 @@ def _refusal(config: GuardConfig) -> tuple[int, str]:
     return config.max_attempts, _tail("ExecutionAbandoned", ABANDONED_MESSAGE)
 
 
+def _json(record: CallSpec | Outcome) -> str:
+    """``record.to_json()`` without ``dataclasses.asdict``'s deep copy (the same JSON:
+    the fields in order, each already JSON data); a third of a call's client CPU."""
+    return json.dumps(record.__dict__, separators=(",", ":"))
+
+
 def _spec_args(call: CallSpec) -> list[Any]:
-    return [call.to_json(), call.name, call.idempotency_key, "1" if call.request else "0"]
+    return [_json(call), call.name, call.idempotency_key, "1" if call.request else "0"]
 
 
 class RedisStore(Store):
@@ -147,9 +153,9 @@ class RedisStore(Store):
     def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
         outcome = stamped(outcome, lease.attempt)
         reply = self._run(
-            "finish", lease.call_id, lease.token, lease.attempt, outcome.to_json(),
+            "finish", lease.call_id, lease.token, lease.attempt, _json(outcome),
             _outcome_tail(outcome), outcome.event_type, "1" if config.fence_results else "0",
-            self.retention_s, CallSpec(lease.call_id).to_json(),
+            self.retention_s, _json(CallSpec(lease.call_id)),
         )
         if reply[0] == "accepted":
             return Accepted(outcome)

@@ -16,6 +16,7 @@ Each delivery of a guarded task asks the store what to do (``begin``):
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import threading
 import time
@@ -41,6 +42,9 @@ from ..errors import (
     ToolTimeout,
 )
 from ..lifecycle import (
+    FENCED,
+    STALE_RESULT,
+    STARTED,
     Accepted,
     Busy,
     CallSpec,
@@ -61,6 +65,23 @@ TENANT_HEADER = "aaa_tenant"
 
 #: How many ``wait_poll_s`` periods a delivery waits on a busy call before dropping its copy.
 BUSY_POLLS = 4
+
+log = logging.getLogger("aaa_celery.worker")
+
+#: Whether this worker sends task events (``celery worker -E``); set by the worker's
+#: recovery bootstep before the pool starts, so prefork children inherit it.
+_task_events = False
+
+
+def enable_task_events(enabled: bool) -> None:
+    """Send the ``aaa.tool.*`` audit events as Celery task events too (``-E`` workers)."""
+    global _task_events
+    _task_events = bool(enabled)
+
+
+def celery_event_type(audit_type: str) -> str:
+    """The Celery event type of an audit event: ``aaa.tool.started`` -> ``task-aaa-tool-started``."""
+    return "task-" + audit_type.replace(".", "-")
 
 
 def error_for(outcome: Outcome) -> BaseException:
@@ -167,19 +188,31 @@ class GuardedTask(Task):  # type: ignore[misc]
         return task_id
 
     # -- running --------------------------------------------------------------
+    def _signature(self) -> tuple[inspect.Signature, tuple[str, ...]]:
+        """The task function's signature and its ``ToolContext`` parameters, computed once
+        per task class."""
+        cls = type(self)
+        cached = cls.__dict__.get("_aaa_signature")
+        if cached is None:
+            sig = inspect.signature(self.run)
+            cached = (sig, tuple(n for n, p in sig.parameters.items() if _is_context(p)))
+            cls._aaa_signature = cached
+        return cached  # type: ignore[no-any-return]
+
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The call's arguments by name, for the idempotency key function."""
         try:
-            bound = inspect.signature(self.run).bind_partial(*args, **kwargs)
+            bound = self._signature()[0].bind_partial(*args, **kwargs)
         except TypeError:
             return dict(kwargs)
         return {k: v for k, v in bound.arguments.items() if not isinstance(v, ToolContext)}
 
-    def context_for(self, args: tuple[Any, ...], kwargs: dict[str, Any], attempt: int) -> ToolContext:
+    def context_for(self, args: tuple[Any, ...], kwargs: dict[str, Any], attempt: int, key: str | None = None) -> ToolContext:
         req = self.request
         run_id = getattr(req, RUN_HEADER, None) or req.root_id or req.id
         call_id = getattr(req, CALL_HEADER, None) or req.id
-        key = self.key_for(req.id, _aaa_headers(req), args, kwargs)
+        if key is None:
+            key = self.key_for(req.id, _aaa_headers(req), args, kwargs)
         return ToolContext(
             engine=None,
             run_id=run_id,
@@ -193,12 +226,12 @@ class GuardedTask(Task):  # type: ignore[misc]
 
     def body(self, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: ToolContext) -> Any:
         """Call the task function, injecting ``ctx`` if it declares one."""
-        params = inspect.signature(self.run).parameters
-        for name, p in params.items():
-            if _is_context(p) and name not in kwargs:
+        sig, context_params = self._signature()
+        for name in context_params:
+            if name not in kwargs:
                 kwargs = {**kwargs, name: ctx}
         try:
-            inspect.signature(self.run).bind(*args, **kwargs)
+            sig.bind(*args, **kwargs)
         except TypeError as e:
             raise ToolArgsError(f"{self.name}: bad arguments: {e}") from None
         return self.run(*args, **kwargs)
@@ -224,10 +257,13 @@ class GuardedTask(Task):  # type: ignore[misc]
                 time.sleep(min(5.0, config.wait_poll_s * 4))
                 raise Reject("aaa store unavailable at begin", requeue=True) from None
             if isinstance(decision, Claimed):
-                return self._attempt(store, decision.lease, config, args, kwargs)
+                self._emit(STARTED, decision.lease.attempt, worker=worker)
+                return self._attempt(store, decision.lease, config, args, kwargs, call.idempotency_key)
             if isinstance(decision, Finished):
                 return self._answer(decision.result)
             if isinstance(decision, Refused):
+                self._emit(decision.result.event_type, decision.result.attempt,
+                           error=decision.result.error, message=decision.result.message)
                 raise error_for(decision.result)
             assert isinstance(decision, Busy)
             if time.monotonic() >= busy_until:
@@ -240,9 +276,10 @@ class GuardedTask(Task):  # type: ignore[misc]
         raise error_for(outcome)
 
     def _attempt(
-        self, store: Store, lease: Lease, config: GuardConfig, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, store: Store, lease: Lease, config: GuardConfig, args: tuple[Any, ...], kwargs: dict[str, Any],
+        key: str | None = None,
     ) -> Any:
-        ctx = self.context_for(args, kwargs, lease.attempt)
+        ctx = self.context_for(args, kwargs, lease.attempt, key)
         watchdog = Watchdog(store, lease, config, self.timeout_s)
         error: BaseException | None = None
         try:
@@ -250,6 +287,7 @@ class GuardedTask(Task):  # type: ignore[misc]
             outcome = Outcome.success(value, lease.attempt)
         except LeaseCancelled:
             store.fenced(lease)
+            self._emit(FENCED, lease.attempt, worker=lease.worker)
             raise Ignore() from None
         except BodyTimedOut:
             error = ToolTimeout(f"{self.audit_name or self.name}: timed out after {self.timeout_s} s")
@@ -259,10 +297,25 @@ class GuardedTask(Task):  # type: ignore[misc]
             outcome = Outcome.failure(type(e).__name__, str(e), lease.attempt)
         verdict = self._finish(store, lease, outcome, config)
         if not isinstance(verdict, Accepted):
+            self._emit(STALE_RESULT, lease.attempt, worker=lease.worker)
             raise Ignore()  # a newer attempt owns the call; this result is audit only
+        if _task_events:
+            extra = {"error": outcome.error, "message": outcome.message} if not outcome.ok else {}
+            self._emit(outcome.event_type, lease.attempt, worker=lease.worker, **extra)
         if error is not None:
             raise error
         return outcome.value
+
+    def _emit(self, audit_type: str, attempt: int | None, **fields: Any) -> None:
+        """Send an audit event as a Celery task event, on ``-E`` workers only (never raises:
+        the store's audit trail is the record, this is for monitors such as Flower)."""
+        if not _task_events:
+            return
+        try:
+            self.send_event(celery_event_type(audit_type), retry=False, aaa_type=audit_type,
+                            tool=self.audit_name or self.name, attempt=attempt, **fields)
+        except Exception as e:  # noqa: BLE001
+            log.warning("aaa: could not send the %s task event: %s", audit_type, e)
 
     def _finish(self, store: Store, lease: Lease, outcome: Outcome, config: GuardConfig) -> Any:
         delays = type(self).result_retry.delays()

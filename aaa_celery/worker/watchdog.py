@@ -1,8 +1,11 @@
-"""The per-call watchdog: heartbeat the lease, enforce the timeout, interrupt the body.
+"""The watchdog: heartbeat each call's lease, enforce its timeout, interrupt its body.
 
-One thread per running call renews the lease every ``heartbeat_s`` on the
-store, and bounds the body by ``timeout_s``. When the lease is lost (and
-``on_lost_lease=cancel``) or time runs out, it interrupts the body:
+One thread per process (``aaa-watchdog``, started on first use, after fork) serves
+every call running in that process: it renews each call's lease every
+``heartbeat_s`` on the store, and bounds each body by ``timeout_s``. A call only
+adds an entry to its schedule and removes it when the body ends, so the happy path
+costs no thread start or join. When a lease is lost (and ``on_lost_lease=cancel``)
+or time runs out, it interrupts that call's body:
 
 * an ``async def`` body: its asyncio task is cancelled;
 * a sync body on the main thread (prefork child, solo pool): a signal raises in
@@ -16,6 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import heapq
+import itertools
+import os
 import signal
 import threading
 import time
@@ -67,6 +73,88 @@ class BodyTimedOut(Interrupted):
     """The body ran past ``timeout_s``."""
 
 
+class _Scheduler:
+    """The process's one watchdog thread: a heap of (when, watchdog) wake-ups."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, Watchdog]] = []
+        self._seq = itertools.count()
+        self._active: set[Watchdog] = set()
+        self._thread = threading.Thread(target=self._loop, name="aaa-watchdog", daemon=True)
+        self._thread.start()
+
+    def add(self, watchdog: Watchdog, when: float) -> None:
+        with self._cond:
+            self._active.add(watchdog)
+            first = not self._heap or when < self._heap[0][0]
+            heapq.heappush(self._heap, (when, next(self._seq), watchdog))
+            if first:
+                self._cond.notify()
+
+    def discard(self, watchdog: Watchdog) -> None:
+        # Its heap entries stay until they come due and are skipped (cheaper than a
+        # heap removal on every call's happy path).
+        with self._cond:
+            self._active.discard(watchdog)
+
+    def active(self) -> int:
+        with self._cond:
+            return len(self._active)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    while self._heap and self._heap[0][2] not in self._active:
+                        heapq.heappop(self._heap)
+                    if self._heap and self._heap[0][0] <= now:
+                        _, _, due = heapq.heappop(self._heap)
+                        break
+                    self._cond.wait(min(self._heap[0][0] - now, 3600.0) if self._heap else None)
+            try:
+                again = due._tick(time.monotonic())
+            except Exception:  # noqa: BLE001 - one call's trouble must not stop the others' heartbeats
+                again = None
+            if again is not None:
+                with self._cond:
+                    if due in self._active:
+                        heapq.heappush(self._heap, (again, next(self._seq), due))
+                    # no notify: this thread is the only waiter
+
+
+_scheduler: _Scheduler | None = None
+_scheduler_lock = threading.Lock()
+
+
+def scheduler() -> _Scheduler:
+    """This process's watchdog scheduler (a forked child starts its own)."""
+    global _scheduler
+    current = _scheduler
+    if current is not None and current.pid == os.getpid():
+        return current
+    with _scheduler_lock:
+        if _scheduler is None or _scheduler.pid != os.getpid():
+            _scheduler = _Scheduler()
+        return _scheduler
+
+
+def active_calls() -> int:
+    """How many calls this process's watchdog watches now (0 when idle: nothing leaks)."""
+    current = _scheduler
+    return current.active() if current is not None and current.pid == os.getpid() else 0
+
+
+def _after_fork_in_child() -> None:
+    global _scheduler, _scheduler_lock
+    _scheduler, _scheduler_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Watchdog:
     """Heartbeat and timeout for one call, run around the tool body."""
 
@@ -81,14 +169,16 @@ class Watchdog:
         self.timeout_s = timeout_s
         self.lost = False
         self.reason: type[Interrupted] | None = None
-        self._stop = threading.Event()
         self._armed = threading.Lock()
         self._running = False
-        self._thread: threading.Thread | None = None
+        self._watched = False
         self._target = threading.get_ident()
         self._on_main = threading.current_thread() is threading.main_thread()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[Any] | None = None
+        self._deadline: float | None = None
+        self._next_beat = float("inf")
+        self._last_ok = 0.0
 
     # -- running a body ---------------------------------------------------
     def run(self, body: Callable[[], Any]) -> Any:
@@ -120,52 +210,55 @@ class Watchdog:
             _install_handler()
             _main_watchdog = self
         self._running = True
-        self._thread = threading.Thread(target=self._watch, name="aaa-heartbeat", daemon=True)
-        self._thread.start()
+        now = time.monotonic()
+        self._last_ok = now
+        if self.lease is not None:
+            self._next_beat = now + self.config.heartbeat_period_s
+        if self.timeout_s:
+            self._deadline = now + self.timeout_s
+        wake = self._wake()
+        if wake is not None:
+            self._watched = True
+            scheduler().add(self, wake)
 
     def _finish(self) -> None:
         global _main_watchdog
         with self._armed:
             self._running = False
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        if self._watched:
+            scheduler().discard(self)
         if self._on_main and _main_watchdog is self:
             _main_watchdog = None
 
-    # -- the watchdog thread ----------------------------------------------
-    def _watch(self) -> None:
-        period = self.config.heartbeat_period_s
-        started = time.monotonic()
-        deadline = started + self.timeout_s if self.timeout_s else None
-        last_ok = started
-        next_beat = started + period
-        while True:
-            now = time.monotonic()
-            wake = next_beat if self.lease is not None else float("inf")
-            if deadline is not None:
-                wake = min(wake, deadline)
-            if self._stop.wait(max(0.0, min(wake - now, 3600.0))):
-                return
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                self._interrupt(BodyTimedOut)
-                return
-            if self.lease is None or now < next_beat:
-                continue
-            next_beat = now + period
+    def _wake(self) -> float | None:
+        wake = self._next_beat
+        if self._deadline is not None:
+            wake = min(wake, self._deadline)
+        return None if wake == float("inf") else wake
+
+    # -- on the watchdog thread -----------------------------------------------
+    def _tick(self, now: float) -> float | None:
+        """Do what is due; return when to wake next, or None to stop watching this call."""
+        if not self._running:
+            return None
+        if self._deadline is not None and now >= self._deadline:
+            self._interrupt(BodyTimedOut)
+            return None
+        if self.lease is not None and now >= self._next_beat:
+            self._next_beat = now + self.config.heartbeat_period_s
             try:
                 ok = self.store.renew(self.lease)  # type: ignore[union-attr]
                 if ok:
-                    last_ok = now
+                    self._last_ok = now
             except StoreError:
                 # A store outage is not a lost lease until the TTL has surely run out.
-                ok = now - last_ok < self.lease.ttl_s
+                ok = now - self._last_ok < self.lease.ttl_s
             if not ok:
                 self.lost = True
                 if self.config.on_lost_lease is LostLease.CANCEL:
                     self._interrupt(LeaseCancelled)
-                return
+                return None
+        return self._wake()
 
     def _interrupt(self, reason: type[Interrupted]) -> None:
         with self._armed:

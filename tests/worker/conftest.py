@@ -40,9 +40,10 @@ class Fleets:
     def client(self, **env: Any) -> Any:
         return make_app(self.env(**env))
 
-    def __call__(self, size: int = 2, *, pool: str = "prefork", concurrency: int = 1, **env: Any) -> Fleet:
+    def __call__(self, size: int = 2, *, pool: str = "prefork", concurrency: int = 1,
+                 extra_args: tuple[str, ...] = (), **env: Any) -> Fleet:
         full = self.env(**env)
-        f = Fleet(APP, size=size, pool=pool, concurrency=concurrency, env=full, cwd=ROOT,
+        f = Fleet(APP, size=size, pool=pool, concurrency=concurrency, env=full, cwd=ROOT, extra_args=extra_args,
                   workdir=self.workdir / f"fleet{len(self.started)}", prefix=f"w{len(self.started)}-")
         self.started.append(f)
         f.start()

@@ -84,6 +84,8 @@ def make_app(env: Mapping[str, str]) -> Celery:
     app.task(base=GuardedTask, name="fleet.long")(long)
     app.task(base=GuardedTask, name="fleet.long_amo", delivery="at_most_once")(long)
     app.task(base=GuardedTask, name="fleet.long_finish", guard={"on_lost_lease": "finish", "fence_results": True})(long)
+    # timeout_s bounds the body: a body that sleeps past it becomes a failed ToolTimeout result
+    app.task(base=GuardedTask, name="fleet.long_timeout", timeout_s=1.0)(long)
 
     @app.task(base=GuardedTask, name="fleet.poison")
     def poison(ctx: ToolContext) -> None:
@@ -103,8 +105,11 @@ def make_app(env: Mapping[str, str]) -> Celery:
     @app.task(name="fleet.threads")
     def threads(pause: float = 0.0) -> dict[str, Any]:
         """The live threads of the process that runs tasks (not guarded: a probe)."""
+        from aaa_celery.worker.watchdog import active_calls
+
         time.sleep(pause)
-        return {"pid": os.getpid(), "threads": sorted(t.name for t in threading.enumerate())}
+        return {"pid": os.getpid(), "threads": sorted(t.name for t in threading.enumerate()),
+                "watched": active_calls()}
 
     @tool(pool="default")
     def echo(text: str, ctx: ToolContext) -> str:

@@ -282,3 +282,14 @@ def test_threads_pool_sigstop_past_lease_with_cancel_fences_stale_tool_in_its_th
     assert [(e.type, e.attempt) for e in events if e.type != STARTED] == [(FENCED, 1), (COMPLETED, 2)]
     assert [a["attempt"] for a in f.ledger.entries(result.id, "after")] == [2]
     assert holder.alive
+
+
+def test_several_kills_in_a_row_on_one_fleet_are_each_taken_over_in_time(fleet):
+    # Recovery sweeps run in a thread of each worker's main process, so fleet churn (a
+    # peer killed, a replacement joining) never stops them; each kill is taken over.
+    f = fleet(TTL=TTL)
+    for _ in range(3):
+        result, _first, _holder = kill_main_mid_call_and_see_attempt_2_elsewhere(f)
+        assert result.get(timeout=30)["attempt"] == 2
+        assert types(f.store, result.id) == [STARTED, STARTED, COMPLETED]
+        f.add()  # a replacement worker joins, as after a real crash

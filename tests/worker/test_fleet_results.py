@@ -100,7 +100,8 @@ def test_after_many_calls_no_lease_keys_or_heartbeat_threads_remain(fleet):
     probes = [f.client.tasks["fleet.threads"].delay(0.5) for _ in range(6)]
     seen = [p.get(timeout=15) for p in probes]
     assert len({s["pid"] for s in seen}) >= 2  # both workers' pool children answered
-    assert all("aaa-heartbeat" not in s["threads"] for s in seen), seen
+    # one watchdog thread per process at most, and it watches no call once they ended
+    assert all(s["threads"].count("aaa-watchdog") <= 1 and s["watched"] == 0 for s in seen), seen
     broker = redis.Redis.from_url(f.env["AAA_FLEET_BROKER"], decode_responses=True)
     assert broker.keys("aaa:{*}:lease") == []
     assert broker.zcard("aaa:{aaa}:running") == 0 and broker.zcard("aaa:{aaa}:unclaimed") == 0
