@@ -30,6 +30,14 @@ from typing import Any
 
 START, TICK, EFFECT, END = "start", "tick", "effect", "end"
 
+# KEYS[1] effect table (hash), KEYS[2] entries (list); ARGV: key, row, entry if applied,
+# entry if not. Returns 1 when this try applied the effect.
+_APPLY_LUA = """
+local applied = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+redis.call('RPUSH', KEYS[2], applied == 1 and ARGV[3] or ARGV[4])
+return applied
+"""
+
 
 def new_exec_id() -> str:
     return uuid.uuid4().hex[:12]
@@ -61,7 +69,13 @@ class BaseLedger:
     # -- what a tool body writes --------------------------------------------
     def record(self, kind: str, call_id: str, exec_id: str, *, attempt: int | None = None,
                fence: int | None = None, **fields: Any) -> dict[str, Any]:
-        entry = {
+        entry = self._entry(kind, call_id, exec_id, attempt=attempt, fence=fence, **fields)
+        self.append(entry)
+        return entry
+
+    def _entry(self, kind: str, call_id: str, exec_id: str, *, attempt: int | None = None,
+               fence: int | None = None, **fields: Any) -> dict[str, Any]:
+        return {
             "kind": kind,
             "call_id": call_id,
             "exec": exec_id,
@@ -72,16 +86,20 @@ class BaseLedger:
             "at": time.time(),
             **fields,
         }
-        self.append(entry)
-        return entry
 
     def apply_effect(self, key: str, call_id: str, exec_id: str, *, attempt: int | None = None,
                      fence: int | None = None, **fields: Any) -> bool:
         """Apply the effect under ``key`` once: True if this try applied it, False if a
         previous try already had (a duplicate prevented by the uniqueness constraint)."""
         row = json.dumps({"call_id": call_id, "exec": exec_id, "attempt": attempt, "at": time.time()})
+        entry = self._entry(EFFECT, call_id, exec_id, attempt=attempt, fence=fence, key=key, **fields)
+        return self._apply(key, row, {**entry, "applied": True}, {**entry, "applied": False})
+
+    def _apply(self, key: str, row: str, if_applied: dict[str, Any], if_not: dict[str, Any]) -> bool:
+        """Apply the effect and record the try. A ledger whose body can be interrupted
+        between the two (a cancelled attempt) must do both at once; see Ledger."""
         applied = self._setnx(key, row)
-        self.record(EFFECT, call_id, exec_id, attempt=attempt, fence=fence, key=key, applied=applied, **fields)
+        self.append(if_applied if applied else if_not)
         return applied
 
 
@@ -111,6 +129,13 @@ class Ledger(BaseLedger):
 
     def _setnx(self, key: str, value: str) -> bool:
         return bool(self._client().hsetnx(f"{self.prefix}:effects", key, value))
+
+    def _apply(self, key: str, row: str, if_applied: dict[str, Any], if_not: dict[str, Any]) -> bool:
+        # One script: a body cancelled between applying the effect and recording the
+        # try would otherwise leave an applied effect that the entries never mention.
+        keys = [f"{self.prefix}:effects", f"{self.prefix}:entries"]
+        dumps = [json.dumps(e, separators=(",", ":")) for e in (if_applied, if_not)]
+        return bool(self._client().eval(_APPLY_LUA, 2, *keys, key, row, *dumps))
 
     def effect_table(self) -> dict[str, dict[str, Any]]:
         raw = self._client().hgetall(f"{self.prefix}:effects")
