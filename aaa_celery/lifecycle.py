@@ -14,7 +14,7 @@ one round trip); the conformance suite proves that every store decides alike.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .config import Delivery, GuardConfig
@@ -41,7 +41,7 @@ class CallSpec:
     request: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        return json.dumps(self.__dict__, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> CallSpec:
@@ -71,7 +71,7 @@ class Outcome:
         return COMPLETED if self.ok else FAILED
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        return json.dumps(self.__dict__, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Outcome:
@@ -90,7 +90,7 @@ class Event:
     at: float
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        return json.dumps(self.__dict__, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Event:

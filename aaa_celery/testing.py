@@ -21,6 +21,9 @@ fleet stops, also after a test failure.
   :func:`duplicate_delivery` (the same task id sent again).
 * :class:`Ledger` is an external effect log in Redis that a tool appends to, so a
   test sees every body run, including runs the guard cut short.
+* :func:`check_history` checks the guard's invariants I1..I7 over a store's audit
+  trail and an :class:`EffectLedger` (the chaos harness's ledger, with a uniqueness
+  constraint on idempotency keys); it returns the list of :class:`Violation`.
 
 A worker is ready when its ``worker_ready`` signal fires: ``aaa_celery`` writes the
 worker's PID to the file named by ``AAA_READY_FILE`` (set here for each worker).
@@ -42,9 +45,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .chaos.checker import Call, Violation, check_history
+from .chaos.ledger import Ledger as EffectLedger
 from .worker.install import READY_FILE_ENV
 
 __all__ = [
+    "Call",
+    "EffectLedger",
+    "Violation",
+    "check_history",
     "Fleet",
     "Frozen",
     "Ledger",
