@@ -14,6 +14,9 @@ BACKENDS: dict[str, str] = {
     "memory": "aaa_celery.stores.memory:MemoryStore",
     "redis": "aaa_celery.stores.redis:RedisStore",
     "rediss": "aaa_celery.stores.redis:RedisStore",
+    # Redis Cluster, from one seed node: same store, a RedisCluster client.
+    "redis+cluster": "aaa_celery.stores.redis:RedisStore",
+    "rediss+cluster": "aaa_celery.stores.redis:RedisStore",
     "postgresql": "aaa_celery.stores.postgres:PostgresStore",
     "postgresql+psycopg": "aaa_celery.stores.postgres:PostgresStore",
     "sqlite": "aaa_celery.stores.sqlite:SQLiteStore",
@@ -34,8 +37,8 @@ def backend_for(url: str) -> type[Store]:
 
 
 def open_store(url: str, **options: Any) -> Store:
-    """Open the store at ``url``: ``memory://``, ``redis://…``, ``postgresql+psycopg://…``,
-    or ``sqlite:///path``."""
+    """Open the store at ``url``: ``memory://``, ``redis://…``, ``redis+cluster://…``
+    (Redis Cluster, one seed node), ``postgresql+psycopg://…``, or ``sqlite:///path``."""
     store_cls: Any = backend_for(url)
     return store_cls(url, **options)  # type: ignore[no-any-return]
 

@@ -5,19 +5,39 @@ documents its KEYS, ARGV and return value; ``lua/_lib.lua`` holds the helpers
 they share. Leases and event times use the server's clock, so workers with
 skewed clocks agree.
 
-Every key of a call shares the hash tag ``{<call_id>}`` (layout in
-``lua/_lib.lua``). Recovery (:meth:`RedisStore.expired`) reads two sorted sets:
-``<p>:{<p>}:running``, claimed calls without a result scored by lease expiry, and
-``<p>:{<p>}:unclaimed``, registered calls scored by registration time (the grace
-is the caller's, so it cannot be in the score). The scripts keep both in step in
-the same round trip, which crosses slots: on Redis Cluster they fail with
-CROSSSLOT. This store needs one Redis (a primary with replicas) for now.
+**Shards.** Calls are spread over ``shards`` (default 16) shards: a call's shard is
+``crc32(call_id) % shards``, and its keys, ``<p>:{<p>:<shard>}:<call_id>:<name>``
+(layout in ``lua/_lib.lua``), carry the shard's hash tag. Each shard has its own
+two recovery indexes: ``<p>:{<p>:<shard>}:running``, claimed calls without a
+result scored by lease expiry, and ``<p>:{<p>:<shard>}:unclaimed``, registered
+calls scored by registration time (the grace is the caller's, so it cannot be in
+the score). So every script touches keys of one hash slot only, and keeps the
+indexes in step with the call in the same round trip. :meth:`RedisStore.expired`
+reads every shard's indexes: one pipelined round trip on one server, one per node
+on a cluster, then one for the specs. Every worker of a fleet must use the same
+``shards`` and ``key_prefix``: a call is found through its shard.
+
+**Redis Cluster.** ``redis+cluster://host:port`` (or ``rediss+cluster://``) opens a
+:class:`redis.cluster.RedisCluster` client from that seed node (more seeds:
+``startup_nodes=[ClusterNode(...), ...]``); each script's ``EVALSHA`` goes to the
+node that owns its keys' slot, and a node that lacks a script gets it by
+``SCRIPT LOAD`` on every primary. Shards are spread over the nodes by their hash
+slots; raise ``shards`` on a large cluster so every node gets some. A call's lease,
+events and index scores all use the clock of the node that owns its shard; the
+nodes' clocks (kept by NTP) may differ by a few milliseconds, which only shifts
+by that much when :meth:`~RedisStore.expired`, judged by ``now()`` from one node,
+sees a lease on another node as lapsed; no lease is ever granted twice, since a
+lease is only ever judged by its own node. The cluster client connects when the
+store is first used, so an unreachable cluster raises ``StoreUnavailable`` there,
+as an unreachable single server does.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import threading
+import zlib
 from importlib import resources
 from typing import Any
 
@@ -50,7 +70,16 @@ from .base import Store, new_token, wrap_errors
 _SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "register", "claim_recovery")
 _CALL_KEYS = ("spec", "attempts", "result", "lease", "events")
 _INDEXES = ("running", "unclaimed")
-_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+_ERRORS = (
+    redis.ConnectionError, redis.TimeoutError,  # MaxConnectionsError is a ConnectionError
+    redis.exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN
+    redis.exceptions.TryAgainError,  # TRYAGAIN: a slot being migrated
+    redis.exceptions.SlotNotCoveredError,
+)
+#: Raised while a cluster client discovers the cluster (no seed node answers).
+_CONNECT_ERRORS = (*_ERRORS, redis.exceptions.RedisClusterException)
+#: URL scheme of a Redis Cluster -> the scheme redis-py's RedisCluster.from_url takes.
+_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
 def _lua(name: str) -> str:
@@ -100,37 +129,86 @@ def _spec_args(call: CallSpec) -> list[Any]:
 
 
 class RedisStore(Store):
-    """Leases, attempts, results and events of tool calls in Redis.
+    """Leases, attempts, results and events of tool calls in Redis or Redis Cluster.
 
     Args:
-        url: ``redis://`` or ``rediss://`` URL of the server.
+        url: ``redis://`` or ``rediss://`` URL of a server, or ``redis+cluster://`` or
+            ``rediss+cluster://`` URL of one node of a Redis Cluster.
         retention_s: seconds a finished call's result and events are kept.
         key_prefix: the first part of every key.
-        **kw: passed to :meth:`redis.Redis.from_url` (``socket_timeout``, ...).
+        shards: how many shards (hash tags, each with its own recovery indexes) the
+            calls are spread over. The same for every worker of a fleet.
+        **kw: passed to :meth:`redis.Redis.from_url` (``socket_timeout``, ...) or
+            :meth:`redis.cluster.RedisCluster.from_url` (``startup_nodes``, ...).
     """
 
     kind = "redis"
 
     def __init__(
-        self, url: str, *, retention_s: float = 7 * 24 * 3600, key_prefix: str = "aaa", **kw: Any
+        self, url: str, *, retention_s: float = 7 * 24 * 3600, key_prefix: str = "aaa",
+        shards: int = 16, **kw: Any,
     ) -> None:
+        if shards < 1:
+            raise ValueError(f"shards must be at least 1, not {shards}")
         self.url = url
         self.retention_s = max(1, math.ceil(retention_s))
         self.key_prefix = key_prefix
-        self._redis = redis.Redis.from_url(url, **{**kw, "decode_responses": True})
-        self._indexes = [f"{key_prefix}:{{{key_prefix}}}:{name}" for name in _INDEXES]
+        self.shards = shards
+        self._tags = [f"{key_prefix}:{{{key_prefix}:{n}}}" for n in range(shards)]
+        self._indexes = [[f"{tag}:{name}" for name in _INDEXES] for tag in self._tags]
+        self._client: Any = None
+        self._scripts: dict[str, Any] = {}
+        self._connect_lock = threading.Lock()
+        scheme, sep, rest = url.partition("://")
+        cluster_scheme = _CLUSTER_SCHEMES.get(scheme.lower())
+        #: True when the URL names a Redis Cluster.
+        self.cluster = cluster_scheme is not None
+        options = {**kw, "decode_responses": True}
+        if cluster_scheme is None:
+            self._open(lambda: redis.Redis.from_url(url, **options))
+        else:
+            # RedisCluster discovers the cluster as it is built: do that at first use.
+            self._connect = lambda: redis.RedisCluster.from_url(
+                f"{cluster_scheme}{sep}{rest}", **options
+            )
+
+    def _open(self, connect: Any) -> Any:
+        client = connect()
         prelude = _constants() + _lua("_lib")
-        self._scripts = {n: self._redis.register_script(prelude + _lua(n)) for n in _SCRIPTS}
+        self._scripts = {n: client.register_script(prelude + _lua(n)) for n in _SCRIPTS}
+        self._client = client
+        return client
+
+    @property
+    def _redis(self) -> Any:
+        """The client: a :class:`redis.Redis`, or a :class:`redis.cluster.RedisCluster`
+        connected on first use (raises StoreUnavailable if no node answers)."""
+        client = self._client
+        if client is None:
+            with self._connect_lock, wrap_errors(self.kind, *_CONNECT_ERRORS):
+                client = self._client or self._open(self._connect)
+        return client
+
+    def shard(self, call_id: str) -> int:
+        """The shard of a call: a hash of its id that every worker computes alike."""
+        return zlib.crc32(call_id.encode("utf-8")) % self.shards
 
     def key(self, call_id: str, name: str) -> str:
         """The key ``name`` (``lease``, ``result``, ...) of a call."""
-        return f"{self.key_prefix}:{{{call_id}}}:{name}"
+        return f"{self._tags[self.shard(call_id)]}:{call_id}:{name}"
+
+    def index_keys(self, shard: int) -> list[str]:
+        """The recovery indexes (``running``, ``unclaimed``) of a shard."""
+        return list(self._indexes[shard])
 
     def _run(self, script: str, call_id: str, *args: Any) -> Any:
-        keys = [self.key(call_id, k) for k in _CALL_KEYS] + self._indexes
-        keys.append(self.key(call_id, "recovery"))
+        shard = self.shard(call_id)
+        call = f"{self._tags[shard]}:{call_id}"
+        keys = [f"{call}:{k}" for k in _CALL_KEYS] + self._indexes[shard]
+        keys.append(f"{call}:recovery")
         with wrap_errors(self.kind, *_ERRORS):
-            return self._scripts[script](keys=keys, args=[call_id, *args])
+            client = self._redis
+            return self._scripts[script](keys=keys, args=[call_id, *args], client=client)
 
     def begin(self, call: CallSpec, worker: str, config: GuardConfig) -> BeginResult:
         token, ttl_s = new_token(), config.lease_ttl_s
@@ -187,12 +265,15 @@ class RedisStore(Store):
 
     def expired(self, now: float | None = None, unclaimed_grace_s: float = 60.0) -> list[CallSpec]:
         now = self.now() if now is None else now
-        running, unclaimed = self._indexes
         with wrap_errors(self.kind, *_ERRORS):
+            # Non-transactional pipelines: one round trip on a server, one per node on a
+            # cluster (each shard's indexes sit on the node that owns its slot).
             pipe = self._redis.pipeline(transaction=False)
-            pipe.zrangebyscore(running, "-inf", now * 1000)
-            pipe.zrangebyscore(unclaimed, "-inf", (now - unclaimed_grace_s) * 1000)
-            ids = [call_id for found in pipe.execute() for call_id in found]
+            for running, unclaimed in self._indexes:
+                pipe.zrangebyscore(running, "-inf", now * 1000)
+                pipe.zrangebyscore(unclaimed, "-inf", (now - unclaimed_grace_s) * 1000)
+            ids = list(dict.fromkeys(call_id for found in pipe.execute() for call_id in found))
+            pipe = self._redis.pipeline(transaction=False)
             for call_id in ids:
                 pipe.hget(self.key(call_id, "spec"), "json")
             specs = pipe.execute() if ids else []
@@ -205,4 +286,5 @@ class RedisStore(Store):
         return seconds + micros / 1_000_000
 
     def close(self) -> None:
-        self._redis.close()
+        if self._client is not None:
+            self._client.close()

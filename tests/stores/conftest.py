@@ -1,11 +1,14 @@
 """One store fixture over every backend, for the conformance suite.
 
-- ``backend`` (session, parametrized): "memory", "redis", "postgresql", "sqlite".
+- ``backend`` (session, parametrized): "memory", "redis", "redis-cluster" (a real
+  three-node Redis Cluster, ``tests/redis_cluster.py``), "postgresql", "sqlite".
   Session scope makes pytest run all memory cases first, then all redis cases, and
   so on, and start a server only when its first case runs.
 - ``store_factory``: a callable that opens a NEW store on this test's backend, as a
   separate worker would (memory: the same in-process store). Closed after the test.
 - ``store``: the first store of ``store_factory``.
+- ``redis_cluster_server`` (session) / ``redis_cluster_url`` (per test, every
+  primary flushed): the cluster, skipped locally without redis-server, failed under CI=true.
 - ``lose_lease(store, lease)``: make a held lease lapse the way it does in production
   on that backend (see :func:`lose_lease`).
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -21,12 +25,14 @@ from aaa_celery.lifecycle import Lease
 from aaa_celery.stores import Store, open_store
 from aaa_celery.stores.memory import MemoryStore
 
-from ..conftest import _psycopg
+from ..conftest import _psycopg, _serve, unavailable
+from ..redis_cluster import RedisClusterServer
 from ..servers import libpq_url
 
 BACKENDS = [
     pytest.param("memory", id="memory"),
     pytest.param("redis", id="redis", marks=pytest.mark.redis),
+    pytest.param("redis-cluster", id="redis-cluster", marks=pytest.mark.redis),
     pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
     pytest.param("sqlite", id="sqlite"),
 ]
@@ -44,11 +50,40 @@ def store_url(backend: str, request: pytest.FixtureRequest, tmp_path) -> str:
     """This test's store URL; asks for a server fixture only when the backend needs one."""
     if backend == "redis":
         return request.getfixturevalue("redis_url")
+    if backend == "redis-cluster":
+        return request.getfixturevalue("redis_cluster_url")
     if backend == "postgresql":
         return request.getfixturevalue("postgres_url")
     if backend == "sqlite":
         return f"sqlite:///{tmp_path / 'aaa.sqlite3'}"
     return "memory://"
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_server() -> Iterator[RedisClusterServer]:
+    yield from _serve(RedisClusterServer)  # type: ignore[arg-type]
+
+
+def cluster_client(url: str) -> Any:
+    """A RedisCluster client of the test's own for a ``redis+cluster://`` URL."""
+    try:
+        import redis
+    except ImportError:
+        unavailable("the redis driver is not installed (pip install -e '.[dev]')")
+    scheme, sep, rest = url.partition("://")
+    return redis.RedisCluster.from_url(f"{scheme.split('+')[0]}{sep}{rest}",
+                                       decode_responses=True)
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster_server: RedisClusterServer) -> str:
+    """The session cluster's URL, every primary flushed for this test."""
+    client = cluster_client(redis_cluster_server.url)
+    try:
+        client.flushdb(target_nodes=client.PRIMARIES)
+    finally:
+        client.close()
+    return redis_cluster_server.url
 
 
 @pytest.fixture

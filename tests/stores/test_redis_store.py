@@ -1,4 +1,5 @@
-"""What only the Redis store must prove: round trips, key layout, TTL leases, outages.
+"""What only the Redis store must prove: round trips, key layout (one slot per script),
+TTL leases, outages, and the same on a real Redis Cluster.
 
 The behaviour it shares with every store is in ``test_conformance.py``; these cases
 look at Redis itself (``INFO commandstats``, ``MONITOR``, key TTLs) and inject
@@ -7,6 +8,7 @@ faults at the server (``CLIENT PAUSE``, a busy server).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -23,6 +25,7 @@ from aaa_celery.stores import open_store
 from aaa_celery.stores.redis import RedisStore
 
 from ..servers import free_port
+from .conftest import cluster_client
 
 pytestmark = pytest.mark.redis
 
@@ -63,17 +66,24 @@ def open_redis(redis_url: str) -> Iterator[Callable[..., RedisStore]]:
         store.close()
 
 
-def client_commands(redis_url: str, act: Callable[[], None]) -> list[str]:
-    """The commands clients (not scripts) sent while ``act`` ran, seen by MONITOR."""
+def client_commands(redis_url: str | list[str], act: Callable[[], None]) -> list[str]:
+    """The commands clients (not scripts) sent while ``act`` ran, seen by MONITOR on the
+    server (or on each of the servers, e.g. a cluster's primaries)."""
+    urls = [redis_url] if isinstance(redis_url, str) else redis_url
     marker, seen = f"end-{uuid.uuid4().hex}", []
-    watcher, end = redis.Redis.from_url(redis_url), redis.Redis.from_url(redis_url)
-    end.ping()  # connect (HELLO) before watching
-    with watcher, end, watcher.monitor() as monitor:
+    with contextlib.ExitStack() as stack:
+        watched = []
+        for url in urls:
+            watcher = stack.enter_context(redis.Redis.from_url(url))
+            end = stack.enter_context(redis.Redis.from_url(url))
+            end.ping()  # connect (HELLO) before watching
+            watched.append((stack.enter_context(watcher.monitor()), end))
         act()
-        end.echo(marker)
-        while marker not in (cmd := monitor.next_command())["command"]:
-            if cmd["client_type"] != "lua":
-                seen.append(cmd["command"].split()[0].lower())
+        for monitor, end in watched:
+            end.echo(marker)
+            while marker not in (cmd := monitor.next_command())["command"]:
+                if cmd["client_type"] != "lua":
+                    seen.append(cmd["command"].split()[0].lower())
     return seen
 
 
@@ -158,18 +168,42 @@ def test_unreachable_server_raises_store_unavailable() -> None:
     assert isinstance(raised.value.__cause__, redis.ConnectionError)
 
 
-def test_a_call_keys_share_one_hash_tag_and_a_finished_call_keeps_them_for_retention(
+def script_keys(redis_url: str, act: Callable[[], None]) -> list[str]:
+    """The keys the store's scripts (not clients) touched while ``act`` ran, seen by
+    MONITOR: the first argument of every command but TIME (the scripts use no other
+    keyless command, and no command with a second key)."""
+    marker, keys = f"end-{uuid.uuid4().hex}", []
+    watcher, end = redis.Redis.from_url(redis_url), redis.Redis.from_url(redis_url)
+    end.ping()
+    with watcher, end, watcher.monitor() as monitor:
+        act()
+        end.echo(marker)
+        while marker not in (cmd := monitor.next_command())["command"]:
+            if cmd["client_type"] == "lua":
+                name, *args = cmd["command"].split()
+                if name.upper() != "TIME":
+                    keys.append(args[0])
+    return keys
+
+
+def test_a_call_keys_share_its_shard_hash_tag_and_a_finished_call_keeps_them_for_retention(
     open_redis, probe
 ) -> None:
     store = open_redis(retention_s=3600)
     call = new_call()
+    shard = store.shard(call.call_id)
+    tag = f"{{aaa:{shard}}}"
 
-    # Given a claimed call: all its keys carry {call_id}, so they sit in one Cluster slot
+    # Given a claimed call: all its keys carry its shard's tag, so they sit in one Cluster
+    # slot, the slot of that shard's recovery indexes
     lease = claim(store, call, "w1").lease
     keys = set(probe.scan_iter(match=f"*{call.call_id}*"))
     assert {key.rsplit(":", 1)[1] for key in keys} == {"spec", "attempts", "lease", "events"}
-    assert all(f"{{{call.call_id}}}" in key for key in keys)
-    assert len({key_slot(key.encode()) for key in keys}) == 1
+    assert all(key.startswith(f"aaa:{tag}:{call.call_id}:") for key in keys)
+    assert store.index_keys(shard) == [f"aaa:{tag}:running", f"aaa:{tag}:unclaimed"]
+    slots = {key_slot(key.encode()) for key in [*keys, *store.index_keys(shard)]}
+    assert slots == {key_slot(tag[1:-1].encode())}
+    assert probe.zscore(store.index_keys(shard)[0], call.call_id) is not None
     assert probe.hgetall(store.key(call.call_id, "lease"))["token"] == lease.token
     assert 0 < probe.pttl(store.key(call.call_id, "lease")) <= 30_000
 
@@ -180,6 +214,45 @@ def test_a_call_keys_share_one_hash_tag_and_a_finished_call_keeps_them_for_reten
     assert not probe.exists(store.key(call.call_id, "lease"))
     for name in ("spec", "attempts", "result", "events"):
         assert 3590 <= probe.ttl(store.key(call.call_id, name)) <= 3600, name
+
+
+def test_every_script_touches_only_keys_of_its_call_slot(open_redis, redis_url) -> None:
+    # Given calls in different shards, taken through every script
+    store = open_redis()
+    short = GuardConfig(lease_ttl_s=30)
+    calls = [new_call() for _ in range(6)]
+    assert len({store.shard(c.call_id) for c in calls}) > 1 or store.shards == 1
+
+    for call in calls:
+        def every_script(call: CallSpec = call) -> None:
+            store.register(call)
+            store.claim_recovery(call.call_id, "sweeper", 5)
+            lease = claim(store, call, "w1", short).lease
+            assert store.renew(lease)
+            store.fenced(lease)  # drops the lease: the call is now lapsed
+            lease = claim(store, call, "w2", short).lease
+            store.release(lease)
+            lease = claim(store, call, "w3", short).lease
+            store.finish(lease, Outcome.success(1), short)
+            store.finish(lease, Outcome.success(2), short)  # a losing finish
+
+        # When they run, Then every key any script command used is in the call's slot
+        touched = script_keys(redis_url, every_script)
+        assert len(touched) > 20
+        assert {key_slot(k.encode()) for k in touched} == {
+            key_slot(store.key(call.call_id, "spec").encode())
+        }, sorted(set(touched))
+
+
+def test_shards_is_configurable_and_a_store_with_one_shard_works(open_redis) -> None:
+    store = open_redis(shards=1)
+    call = new_call()
+    assert store.shard(call.call_id) == 0
+    assert store.key(call.call_id, "lease") == f"aaa:{{aaa:0}}:{call.call_id}:lease"
+    store.finish(claim(store, call, "w1").lease, Outcome.success(1), CFG)
+    assert store.result(call.call_id) == Outcome.success(1, 1)
+    with pytest.raises(ValueError, match="shards"):
+        open_redis(shards=0)
 
 
 def test_default_retention_is_seven_days(open_redis, probe) -> None:
@@ -218,3 +291,107 @@ def test_lapsed_lease_goes_to_a_new_worker_and_the_old_one_cannot_renew(open_red
 def test_now_is_the_server_clock(open_redis, probe) -> None:
     seconds, micros = probe.time()
     assert abs(open_redis().now() - (seconds + micros / 1e6)) < 1.0
+
+
+# --- Redis Cluster ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def open_cluster(redis_cluster_url: str) -> Iterator[Callable[..., RedisStore]]:
+    opened: list[RedisStore] = []
+
+    def make(**options) -> RedisStore:
+        store = open_store(redis_cluster_url, **options)
+        assert isinstance(store, RedisStore) and store.cluster
+        opened.append(store)
+        return store
+
+    yield make
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def cluster_probe(redis_cluster_url: str) -> Iterator[redis.RedisCluster]:
+    client = cluster_client(redis_cluster_url)
+    yield client
+    client.close()
+
+
+def primaries_commandstats(probe: redis.RedisCluster) -> dict[str, int]:
+    """Calls per command, summed over every primary of the cluster."""
+    total: dict[str, int] = {}
+    for stats in probe.info("commandstats", target_nodes=probe.PRIMARIES).values():
+        for name, row in stats.items():
+            total[name] = total.get(name, 0) + row["calls"]
+    return total
+
+
+def test_cluster_happy_path_is_two_evalsha_and_each_call_lives_on_its_shard_node(
+    open_cluster, cluster_probe
+) -> None:
+    # Given a cluster store whose scripts every primary already caches
+    store = open_cluster()
+    warm = [new_call() for _ in range(32)]
+    for call in warm:
+        store.finish(claim(store, call, "w1").lease, Outcome.success(0), CFG)
+    call = new_call()
+    nodes = [f"redis://{n.host}:{n.port}/0" for n in cluster_probe.get_primaries()]
+    before = primaries_commandstats(cluster_probe)
+
+    # When a call is claimed and finished
+    def happy_path() -> None:
+        lease = claim(store, call, "w1").lease
+        assert store.finish(lease, Outcome.success(42), CFG) == Accepted(Outcome.success(42, 1))
+
+    sent = client_commands(nodes, happy_path)
+
+    # Then the cluster got exactly two commands, both EVALSHA (no CROSSSLOT, no redirect)
+    assert sent == ["evalsha", "evalsha"]
+    after = primaries_commandstats(cluster_probe)
+    assert after["cmdstat_evalsha"] - before["cmdstat_evalsha"] == 2
+    assert after.get("cmdstat_script|load", 0) == before.get("cmdstat_script|load", 0)
+    errors = cluster_probe.info("errorstats", target_nodes=cluster_probe.PRIMARIES)
+    assert "CROSSSLOT" not in str(errors)
+
+    # And every key of a call is on the node that owns its shard's slot (one slot), and
+    # the default 16 shards put calls on all three primaries
+    nodes = set()
+    for c in [*warm, call]:
+        slots = {cluster_probe.keyslot(store.key(c.call_id, n)) for n in ("spec", "result")}
+        slots.add(cluster_probe.keyslot(store.index_keys(store.shard(c.call_id))[0]))
+        assert len(slots) == 1
+        assert cluster_probe.execute_command(
+            "CLUSTER", "KEYSLOT", store.key(c.call_id, "events"), target_nodes=cluster_probe.RANDOM
+        ) == slots.pop()
+        node = cluster_probe.get_node_from_key(store.key(c.call_id, "result"))
+        with redis.Redis(host=node.host, port=node.port) as direct:  # MOVED if elsewhere
+            assert direct.get(store.key(c.call_id, "result"))
+            assert direct.zscore(store.index_keys(store.shard(c.call_id))[0], c.call_id) is None
+        nodes.add(node.name)
+    assert len(nodes) == 3
+
+
+def test_cluster_expired_reads_every_shard_on_every_node(open_cluster) -> None:
+    # Given lapsed calls spread over the shards (so over the nodes)
+    cfg = GuardConfig(lease_ttl_s=0.2)
+    store = open_cluster()
+    calls = [new_call() for _ in range(24)]
+    for call in calls:
+        claim(store, call, "w1", cfg)
+    assert store.expired() == []
+    time.sleep(0.3)
+
+    # Then recovery finds every one of them, from any store of the fleet
+    found = {c.call_id for c in open_cluster().expired()}
+    assert found == {c.call_id for c in calls}
+    assert len({store.shard(c.call_id) for c in calls}) > 3
+
+
+def test_unreachable_cluster_raises_store_unavailable_at_first_use_not_at_open() -> None:
+    store = open_store(f"redis+cluster://127.0.0.1:{free_port()}", socket_connect_timeout=0.2)
+    assert isinstance(store, RedisStore)
+    with pytest.raises(StoreUnavailable) as raised:
+        store.begin(new_call(), "w1", CFG)
+    assert isinstance(raised.value.__cause__, (redis.RedisError, redis.exceptions.RedisClusterException))
+    store.close()

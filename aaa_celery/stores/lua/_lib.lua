@@ -1,15 +1,19 @@
 -- _lib.lua: shared helpers, prepended to every script in this folder (not a script itself).
 --
--- Every call script gets the same KEYS, all under the call's hash tag except the two
--- recovery indexes (see redis.py for the Cluster limit):
---   KEYS[1] <p>:{<call>}:spec      hash: json (CallSpec), name, ikey, req ("1" if it has a request)
---   KEYS[2] <p>:{<call>}:attempts  integer: the last attempt number, the fencing token
---   KEYS[3] <p>:{<call>}:result    string: the one Outcome JSON
---   KEYS[4] <p>:{<call>}:lease     hash with a PX TTL: token, worker, attempt
---   KEYS[5] <p>:{<call>}:events    list of Event JSON, oldest first
---   KEYS[6] <p>:{<p>}:running      zset: claimed calls without a result, score = lease expiry (ms)
---   KEYS[7] <p>:{<p>}:unclaimed    zset: registered, never claimed calls, score = registration (ms)
---   KEYS[8] <p>:{<call>}:recovery  string with a PX TTL: who may republish the call
+-- Every call script gets the same KEYS, all under the hash tag {<p>:<shard>} of the call's
+-- shard (shard = crc32(call id) % shards, see redis.py), so a script touches one hash slot
+-- only and runs on Redis Cluster. Written <t> = <p>:{<p>:<shard>} below:
+--   KEYS[1] <t>:<call>:spec      hash: json (CallSpec), name, ikey, req ("1" if it has a request)
+--   KEYS[2] <t>:<call>:attempts  integer: the last attempt number, the fencing token
+--   KEYS[3] <t>:<call>:result    string: the one Outcome JSON
+--   KEYS[4] <t>:<call>:lease     hash with a PX TTL: token, worker, attempt
+--   KEYS[5] <t>:<call>:events    list of Event JSON, oldest first
+--   KEYS[6] <t>:running          zset, the shard's: claimed calls without a result,
+--                                score = lease expiry (ms)
+--   KEYS[7] <t>:unclaimed        zset, the shard's: registered, never claimed calls,
+--                                score = registration (ms)
+--   KEYS[8] <t>:<call>:recovery  string with a PX TTL: who may republish the call
+-- The script reads no other key; TIME is the clock of the node that owns the slot.
 -- ARGV[1] is always the call id. Event JSON is built byte for byte like
 -- lifecycle.Event.to_json; any value JSON (an outcome) comes encoded from Python.
 
