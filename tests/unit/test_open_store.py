@@ -19,7 +19,10 @@ def test_each_scheme_maps_to_its_store_class():
     assert backend_for("postgresql+psycopg://u@h/db").__name__ == "PostgresStore"
     assert backend_for("postgresql://u@h/db").__name__ == "PostgresStore"
     assert backend_for("sqlite:///tmp/x.db").__name__ == "SQLiteStore"
-    assert set(BACKENDS) == {"memory", "redis", "rediss", "postgresql", "postgresql+psycopg", "sqlite"}
+    assert backend_for("redis+cluster://127.0.0.1:7000/").__name__ == "RedisStore"
+    assert set(BACKENDS) == {
+        "memory", "redis", "rediss", "redis+cluster", "rediss+cluster", "postgresql", "postgresql+psycopg", "sqlite",
+    }
 
 
 def test_unknown_scheme_says_did_you_mean():
