@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
+from celery.result import _set_task_join_will_block
 
 from ..errors import ApprovalDenied, ConfigError, ToolArgsError
 from ..llm.types import LLMRequest, LLMResponse, ToolCall
@@ -208,6 +209,10 @@ class Engine:
         self._thread = threading.Thread(target=worker.start, name=f"aaa-embedded-{self.id}", daemon=True)
         self._thread.start()
         worker.ensure_started()
+        # A worker marks the whole process as "inside a task", so that result.get()
+        # raises; the embedded worker shares the app's process, whose own code (a
+        # script, a test) must still be able to wait on results.
+        _set_task_join_will_block(False)
         self._worker = worker
 
     def _stop_worker(self) -> None:
