@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import dataclasses
 import threading
 import time
 import uuid
@@ -296,6 +297,13 @@ class Engine:
         """Every call of every run that waits for a person, oldest first."""
         return sorted((p for h in self.runs.values() for p in h.pending_approvals()), key=lambda p: p.since)
 
+    def _shorten(self, t: Tool, fact: ToolFact) -> ToolFact:
+        """Apply the handler's ``GuardPolicy.max_result_chars`` to a text result."""
+        limit = self.tools.handlers[t.name].guards.max_result_chars
+        if not (fact.ok and limit and isinstance(fact.value, str) and len(fact.value) > limit):
+            return fact
+        return dataclasses.replace(fact, value=fact.value[: limit - 1] + "…")
+
     async def _send(self, handle: RunHandle, call: ToolCall, t: Tool, arguments: dict[str, Any]) -> ToolFact:
         """Send one call as a guarded task (within its pool's bound) and wait for its fact."""
         task = self.app.tasks[task_name(t.name)]
@@ -450,9 +458,10 @@ class RunHandle:
                 message = f"{DENIED_MESSAGE}: {reason}" if reason else DENIED_MESSAGE
                 return failed(call.id, t.name, ApprovalDenied(message))
         try:
-            return await self.engine._send(self, call, t, arguments)
+            fact = await self.engine._send(self, call, t, arguments)
         except Exception as e:  # noqa: BLE001 - a broken send is a fact for the model, not a crash
             return failed(call.id, t.name, e)
+        return self.engine._shorten(t, fact)
 
     async def _approval(self, call: ToolCall, t: Tool, arguments: dict[str, Any]) -> tuple[bool, str]:
         future: asyncio.Future[tuple[bool, str]] = asyncio.get_running_loop().create_future()
