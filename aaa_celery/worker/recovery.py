@@ -32,8 +32,8 @@ log = logging.getLogger("aaa_celery.recovery")
 DEFAULT_INTERVAL_S = 2.0
 DEFAULT_UNCLAIMED_GRACE_S = 300.0
 #: How long one worker's republish of a call keeps the others from republishing it.
-#: It also bounds how soon the same call can be recovered again (a second crash
-#: right after a takeover), since the store keeps the hold after the call is claimed.
+#: A claim of the republished call ends the hold, so a second crash right after a
+#: takeover is recovered at the next sweep; the hold only matters when the copy is lost.
 DEFAULT_HOLD_S = 10.0
 
 
