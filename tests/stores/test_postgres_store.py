@@ -54,7 +54,12 @@ def terminate_backend(store: PostgresStore, pid: int) -> None:
         assert conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar_one()
         deadline = time.monotonic() + 10
         alive = sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid")
-        while conn.execute(alive, {"pid": pid}).scalar():
+        # Within one transaction pg_stat_activity is a snapshot taken at its first read;
+        # clear it on each poll, or a backend seen alive once stays alive forever here.
+        while True:
+            conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
+            if not conn.execute(alive, {"pid": pid}).scalar():
+                break
             assert time.monotonic() < deadline, f"backend {pid} did not exit"
             time.sleep(0.01)
 
