@@ -316,14 +316,15 @@ def test_without_fencing_the_first_finisher_wins(store_factory, lose_lease):
 def test_renew_holds_the_lease_until_a_takeover_then_fails(store_factory, lose_lease):
     # Given A holds a call and heartbeats
     a, b = store_factory(), store_factory()
-    call, cfg = new_call(), config(lease_ttl_s=SHORT_TTL_S)
+    ttl = SHORT_TTL_S * 4  # room for a loaded machine: 0.4 s margins on both sides below
+    call, cfg = new_call(), config(lease_ttl_s=ttl)
     old = claim(a, call, "worker-a", cfg).lease
     assert a.renew(old) is True
     if a.ttl_leases:
-        # renewing keeps it past its first TTL
-        time.sleep(SHORT_TTL_S * 0.5)
+        # renewing halfway keeps it past its first TTL
+        time.sleep(ttl * 0.5)
         assert a.renew(old) is True
-        time.sleep(SHORT_TTL_S * 0.5)
+        time.sleep(ttl * 0.5 + 0.2)
         assert isinstance(b.begin(call, "worker-b", cfg), Busy)
 
     # When A's lease lapses and B takes the call over
