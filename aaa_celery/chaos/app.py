@@ -33,7 +33,7 @@ from typing import Any
 
 from celery import Celery
 
-from .ledger import END, START, TICK, Ledger, new_exec_id
+from ..testing.ledger import END, START, TICK, EffectLedger, new_exec_id
 
 #: (delivery, on_lost_lease) -> task name.
 TASKS = {
@@ -44,18 +44,18 @@ TASKS = {
 #: Seconds between a body's ``tick`` entries.
 TICK_S = 0.2
 
-_ledgers: dict[tuple[int, str, str], Ledger] = {}
+_ledgers: dict[tuple[int, str, str], EffectLedger] = {}
 
 
-def ledger_for(url: str, prefix: str) -> Ledger:
+def ledger_for(url: str, prefix: str) -> EffectLedger:
     """This process's ledger client (one per process: never shared across a fork)."""
     key = (os.getpid(), url, prefix)
     if key not in _ledgers:
-        _ledgers[key] = Ledger(url, prefix)
+        _ledgers[key] = EffectLedger(url, prefix)
     return _ledgers[key]
 
 
-def run_body(ledger: Ledger, call_id: str, attempt: int | None, key: str | None,
+def run_body(ledger: EffectLedger, call_id: str, attempt: int | None, key: str | None,
              duration_s: float, keyed: bool, host: str | None = None) -> dict[str, Any]:
     """The workload's tool body: what it really did goes to the ledger (``host``: the
     worker's node name)."""

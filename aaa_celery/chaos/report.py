@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .checker import INVARIANTS, LEDGER_ONLY
+from ..testing.checker import INVARIANTS, LEDGER_ONLY
 
 RESULT_KINDS = ("completed", "OutcomeUnknown", "ExecutionAbandoned", "completed twice or more", "no result")
 GUARD_ONLY_RESULTS = ("OutcomeUnknown", "ExecutionAbandoned")

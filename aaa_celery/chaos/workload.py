@@ -4,7 +4,7 @@
 :mod:`aaa_celery.chaos.app`, sends the planned calls at their planned times,
 injects the planned faults from a second thread, restarts killed workers so the
 fleet keeps its size, waits for the calls to drain, stops everything, and
-checks the history with :func:`~aaa_celery.chaos.checker.check_history`.
+checks the history with :func:`~aaa_celery.testing.check_history`.
 
 The plan (calls, their length and policy, fault times, kinds and targets) is a
 pure function of the seed and the sizes, so ``--baseline`` replays the same
@@ -30,10 +30,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..testing import Frozen, WorkerProcess, freeze, kill9, pool_children
+from ..testing.checker import Call, RecordedStore, check_history, executions, summarize
+from ..testing.faults import Frozen, freeze, kill9, pool_children
+from ..testing.fleet import WorkerProcess
+from ..testing.ledger import END, EffectLedger
 from .app import TASKS, make_app
-from .checker import Call, RecordedStore, check_history, executions, summarize
-from .ledger import END, Ledger
 
 WORKER_FAULTS = ("kill_main", "kill_child", "freeze_kill", "stop_cont")
 FAULT_KINDS = (*WORKER_FAULTS, "duplicate", "pg_kill")
@@ -288,7 +289,7 @@ class ChaosRun:
             self.ledger_prefix = f"aaa:chaos:{self.nonce}"
             self.env = self._env()
             self.app = make_app(self.env)
-            self.ledger = Ledger(self.broker, self.ledger_prefix)
+            self.ledger = EffectLedger(self.broker, self.ledger_prefix)
             self.store = None
             if not c.baseline:
                 from ..worker.stores import app_store

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from aaa_celery.chaos.checker import Call, RecordedStore, check_history, summarize
-from aaa_celery.chaos.ledger import MemoryLedger
 from aaa_celery.lifecycle import COMPLETED, FAILED, FENCED, STALE_RESULT, STARTED, Event, Outcome, event_id
+from aaa_celery.testing.checker import Call, RecordedStore, check_history, summarize
+from aaa_celery.testing.ledger import MemoryEffectLedger
 
 HB = 0.5  # heartbeat_s the crafted histories assume
 CHECK = {"heartbeat_s": HB, "slack_s": 0.5}
@@ -19,7 +19,7 @@ class History:
     def __init__(self) -> None:
         self.events: dict[str, list[Event]] = {}
         self.results: dict[str, Outcome] = {}
-        self.ledger = MemoryLedger()
+        self.ledger = MemoryEffectLedger()
         self.calls: list[Call] = []
 
     def call(self, cid: str, **kw) -> str:
@@ -254,7 +254,7 @@ def test_i5_a_stale_result_with_nothing_newer_is_reported():
 
 def test_i6_effect_applied_twice_is_reported():
     h = History()
-    h.ledger = MemoryLedger(unique=False)  # an effect table without its uniqueness constraint
+    h.ledger = MemoryEffectLedger(unique=False)  # an effect table without its uniqueness constraint
     cid = h.call("fx", keyed=True)
     h.ev(cid, STARTED, 1, 0.0)
     h.body(cid, 1, 0.0, 0.5, returns=False, key="k")  # applied, then killed before returning

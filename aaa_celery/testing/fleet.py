@@ -1,39 +1,15 @@
-"""Helpers for testing guarded tasks on real ``celery worker`` processes.
-
-Start a fleet of workers, break them the way production breaks them, and check
-what the tools really did::
-
-    from aaa_celery.testing import Fleet, Ledger, freeze, kill9, kill_child
-
-    with Fleet("proj.celery", size=2, env={"BROKER_URL": url}) as fleet:
-        result = refund.delay("A-100")
-        ...                                   # wait until the ledger shows the body started
-        kill9(fleet[0].pid)                   # the whole worker dies mid-call
-        result.get(timeout=30)                # at_least_once: attempt 2 on fleet[1]
-
-Every process these helpers start is stopped by its PID (never by name) when the
-fleet stops, also after a test failure.
-
-* :class:`WorkerProcess` is one ``celery -A <module> worker`` subprocess, and
-  :class:`Fleet` a group of them with distinct hostnames.
-* Faults: :func:`kill9` (a crash), :func:`kill_child` (one prefork pool child),
-  :func:`freeze` (``SIGSTOP`` … ``SIGCONT``: a GC pause, a VM freeze), and
-  :func:`duplicate_delivery` (the same task id sent again).
-* :class:`Ledger` is an external effect log in Redis that a tool appends to, so a
-  test sees every body run, including runs the guard cut short.
-* :func:`check_history` checks the guard's invariants I1..I7 over a store's audit
-  trail and an :class:`EffectLedger` (the chaos harness's ledger, with a uniqueness
-  constraint on idempotency keys); it returns the list of :class:`Violation`.
+"""Real ``celery worker`` processes of an app: :class:`WorkerProcess` and :class:`Fleet`.
 
 A worker is ready when its ``worker_ready`` signal fires: ``aaa_celery`` writes the
 worker's PID to the file named by ``AAA_READY_FILE`` (set here for each worker).
 Log lines containing ``ready.`` count too, for apps that don't import the guard.
+Every process started here is stopped by its PID (never by name), also after a
+test failure.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -45,167 +21,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .chaos.checker import Call, Violation, check_history
-from .chaos.ledger import Ledger as EffectLedger
-from .worker.install import READY_FILE_ENV
-
-__all__ = [
-    "Call",
-    "EffectLedger",
-    "Violation",
-    "check_history",
-    "Fleet",
-    "Frozen",
-    "Ledger",
-    "WorkerProcess",
-    "duplicate_delivery",
-    "freeze",
-    "kill9",
-    "kill_child",
-    "pid_alive",
-    "pool_children",
-    "wait_for",
-]
-
-
-# -- processes ---------------------------------------------------------------------------
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-        return state not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not os.path.isdir("/proc")
-
-
-def pool_children(pid: int) -> list[int]:
-    """The live child processes of ``pid`` (a prefork worker's pool), oldest first.
-
-    Scans ``/proc/*/stat`` for the parent pid: some kernels have no
-    ``/proc/<pid>/task/*/children``.
-    """
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        # after the command: state, ppid, pgrp, session, tty, tpgid, flags, ... starttime (#22)
-        if len(fields) > 19 and int(fields[1]) == pid and fields[0] not in ("Z", "X"):
-            found.append((int(fields[19]), int(entry)))
-    return [p for _, p in sorted(found)]
-
-
-def kill9(pid: int) -> None:
-    """``kill -9 pid``: the process dies at once, without cleanup (a crash, an OOM kill).
-
-    A prefork worker's pool children die with it (Celery sets their parent-death
-    signal to SIGKILL).
-    """
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def kill_child(worker: WorkerProcess | int, pid: int | None = None, *, timeout_s: float = 10.0) -> int:
-    """``kill -9`` one pool child of a prefork worker; returns its PID.
-
-    ``pid`` picks the child (for example the one the ledger shows running a call);
-    it must be a child of ``worker``. Without it, the oldest child is killed. The
-    worker's main process lives on and starts a new child.
-    """
-    main = worker.pid if isinstance(worker, WorkerProcess) else worker
-    deadline = time.monotonic() + timeout_s
-    while True:
-        children = pool_children(main)
-        if pid is not None and pid in children:
-            victim = pid
-            break
-        if pid is None and children:
-            victim = children[0]
-            break
-        if time.monotonic() > deadline:
-            what = f"child {pid}" if pid is not None else "any child"
-            raise RuntimeError(f"worker {main} has no {what} (children: {children})")
-        time.sleep(0.05)
-    kill9(victim)
-    return victim
-
-
-class Frozen:
-    """Processes stopped with ``SIGSTOP``; :meth:`thaw` (or leaving the ``with``) resumes them."""
-
-    def __init__(self, pids: Sequence[int]) -> None:
-        self.pids = list(pids)
-        self.thawed = False
-        for p in self.pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGSTOP)
-
-    def thaw(self) -> None:
-        """Send ``SIGCONT`` to every frozen process (safe to call twice)."""
-        if self.thawed:
-            return
-        self.thawed = True
-        for p in reversed(self.pids):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p, signal.SIGCONT)
-
-    def __enter__(self) -> Frozen:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.thaw()
-
-
-def freeze(target: WorkerProcess | int, seconds: float | None = None, *, children: bool = True) -> Frozen:
-    """Stop a process as a GC pause or a VM freeze would: it keeps its sockets, runs nothing.
-
-    ``target`` is a :class:`WorkerProcess` or a PID; with ``children`` (the default)
-    its pool children freeze too, so the whole worker stalls, heartbeat included.
-    With ``seconds``, blocks that long and thaws; otherwise returns a
-    :class:`Frozen` to thaw later (usable as a context manager).
-    """
-    main = target.pid if isinstance(target, WorkerProcess) else target
-    pids = [main] + (pool_children(main) if children else [])
-    frozen = Frozen(pids)
-    if isinstance(target, WorkerProcess):
-        target._frozen.append(frozen)
-    if seconds is not None:
-        try:
-            time.sleep(seconds)
-        finally:
-            frozen.thaw()
-    return frozen
-
-
-def duplicate_delivery(
-    app: Any,
-    task_id: str,
-    name: str,
-    args: Sequence[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
-    **options: Any,
-) -> Any:
-    """Publish task ``name`` again under an existing ``task_id`` (an ``AsyncResult``).
-
-    This is what a broker redelivery or a client retry looks like to workers: a
-    second message for the same call. It goes straight to the broker
-    (``app.send_task``), without registering the call again.
-    """
-    return app.send_task(name, args=list(args), kwargs=dict(kwargs or {}), task_id=task_id, **options)
+from .faults import Frozen, kill9, parent_of, pid_alive, pool_children
+from ..worker.install import READY_FILE_ENV
 
 
 def wait_for(check: Any, timeout_s: float, what: str = "condition", poll_s: float = 0.05) -> Any:
@@ -219,9 +36,6 @@ def wait_for(check: Any, timeout_s: float, what: str = "condition", poll_s: floa
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what}: not true after {timeout_s} s")
         time.sleep(poll_s)
-
-
-# -- workers -----------------------------------------------------------------------------
 
 
 class WorkerProcess:
@@ -299,6 +113,10 @@ class WorkerProcess:
             )
         return self
 
+    def keep_frozen(self, frozen: Frozen) -> None:
+        """Remember a :func:`~aaa_celery.testing.freeze` of this worker, to thaw it on :meth:`stop`."""
+        self._frozen.append(frozen)
+
     @property
     def pid(self) -> int:
         """The worker's main process id."""
@@ -367,7 +185,7 @@ class WorkerProcess:
                 kill9(self.proc.pid)
                 self.proc.wait(10)
         for child in self._seen_children:
-            if pid_alive(child) and _parent_of(child) in (1, self.proc.pid):
+            if pid_alive(child) and parent_of(child) in (1, self.proc.pid):
                 kill9(child)
         return self.proc.returncode
 
@@ -381,13 +199,6 @@ class WorkerProcess:
         pid = self.proc.pid if self.proc else None
         return f"<WorkerProcess {self.hostname} pid={pid} {self.pool} -c{self.concurrency}>"
 
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rpartition(")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 class Fleet:
@@ -476,49 +287,3 @@ class Fleet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-# -- the effect ledger ------------------------------------------------------------------
-
-
-class Ledger:
-    """An external effect log: a Redis list of JSON entries that tools append to.
-
-    A tool calls ``ledger.record("start", ctx=ctx)`` where its effect begins (and
-    again at later points); the test reads :meth:`entries`. Because the list lives
-    outside the guard's store, it shows what really ran, including body runs that
-    the guard fenced or a crash cut short.
-    """
-
-    def __init__(self, url: str, key: str = "aaa:test:ledger") -> None:
-        import redis
-
-        self.url, self.key = url, key
-        self._redis = redis.Redis.from_url(url, decode_responses=True)
-
-    def record(self, event: str, *, task_id: str | None = None, ctx: Any = None, **fields: Any) -> dict[str, Any]:
-        """Append ``{"event", "task_id", "attempt", "pid", "at", ...}`` and return it."""
-        meta = getattr(ctx, "meta", None) or {}
-        entry = {
-            "event": event,
-            "task_id": task_id or meta.get("task_id"),
-            "attempt": getattr(ctx, "attempt", None),
-            "hostname": meta.get("hostname"),
-            "pid": os.getpid(),
-            "at": time.time(),
-            **fields,
-        }
-        self._redis.rpush(self.key, json.dumps(entry, separators=(",", ":")))
-        return entry
-
-    def entries(self, task_id: str | None = None, event: str | None = None) -> list[dict[str, Any]]:
-        """Entries in order, optionally only one call's and one kind."""
-        out = [json.loads(raw) for raw in self._redis.lrange(self.key, 0, -1)]
-        return [e for e in out if (task_id is None or e["task_id"] == task_id)
-                and (event is None or e["event"] == event)]
-
-    def clear(self) -> None:
-        self._redis.delete(self.key)
-
-    def close(self) -> None:
-        self._redis.close()

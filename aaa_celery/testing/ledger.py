@@ -1,22 +1,28 @@
-"""The effect ledger: what tool bodies really did, recorded outside the guard's store.
+"""Ledgers: what tool bodies really did, recorded outside the guard's store.
 
-A workload tool writes, for every body execution:
+Two kinds, both in Redis so that every worker process writes to the same place:
 
-* ``start``: the body began (call id, attempt/fence from ``ctx``, pid, host, time);
-* ``tick``: the body is still running (written every few tenths of a second), so
-  a checker sees when an execution was really executing, including ones the
-  guard fenced, a crash cut short, or a ``SIGSTOP`` froze;
-* ``effect``: an attempt to apply the call's external effect under its
-  idempotency key; the effect table has a uniqueness constraint on the key
-  (Redis ``HSETNX``), so ``applied`` is True for exactly one try per key;
-* ``end``: the body returned ``value`` (written just before it returns).
+* :class:`Ledger` is the simple one for your own tests: a tool appends
+  ``ledger.record("start", ctx=ctx)`` and the test reads :meth:`Ledger.entries`.
+* :class:`EffectLedger` is the chaos harness's effect ledger, which
+  :func:`~aaa_celery.testing.check_history` reads. A workload tool writes, for
+  every body execution:
 
-Every execution carries an ``exec`` id (a fresh UUID), so two runs of the same
-attempt, or plain-Celery runs without attempt numbers, stay apart.
+  * ``start``: the body began (call id, attempt/fence from ``ctx``, pid, host, time);
+  * ``tick``: the body is still running (written every few tenths of a second), so
+    a checker sees when an execution was really executing, including ones the
+    guard fenced, a crash cut short, or a ``SIGSTOP`` froze;
+  * ``effect``: an attempt to apply the call's external effect under its
+    idempotency key; the effect table has a uniqueness constraint on the key
+    (Redis ``HSETNX``), so ``applied`` is True for exactly one try per key;
+  * ``end``: the body returned ``value`` (written just before it returns).
 
-:class:`Ledger` keeps this in Redis (one list of JSON entries, one hash for the
-effect table); :class:`MemoryLedger` keeps it in a Python list, for crafted
-histories in tests.
+  Every execution carries an ``exec`` id (a fresh UUID), so two runs of the same
+  attempt, or plain-Celery runs without attempt numbers, stay apart.
+
+:class:`EffectLedger` keeps this in Redis (one list of JSON entries, one hash for
+the effect table); :class:`MemoryEffectLedger` keeps it in a Python list, for
+crafted histories in tests. Both share :class:`BaseEffectLedger`.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ def new_exec_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-class BaseLedger:
+class BaseEffectLedger:
     """The ledger's interface: append entries, read them back, apply keyed effects."""
 
     def append(self, entry: dict[str, Any]) -> None:
@@ -97,13 +103,13 @@ class BaseLedger:
 
     def _apply(self, key: str, row: str, if_applied: dict[str, Any], if_not: dict[str, Any]) -> bool:
         """Apply the effect and record the try. A ledger whose body can be interrupted
-        between the two (a cancelled attempt) must do both at once; see Ledger."""
+        between the two (a cancelled attempt) must do both at once; see EffectLedger."""
         applied = self._setnx(key, row)
         self.append(if_applied if applied else if_not)
         return applied
 
 
-class Ledger(BaseLedger):
+class EffectLedger(BaseEffectLedger):
     """A ledger in Redis: ``<prefix>:entries`` (a list) and ``<prefix>:effects`` (a hash)."""
 
     def __init__(self, url: str, prefix: str = "aaa:chaos:ledger") -> None:
@@ -148,7 +154,7 @@ class Ledger(BaseLedger):
         self._redis.close()
 
 
-class MemoryLedger(BaseLedger):
+class MemoryEffectLedger(BaseEffectLedger):
     """A ledger in a list, for one process and for crafted histories.
 
     ``unique=False`` drops the effect table's uniqueness constraint (every try
@@ -178,3 +184,49 @@ class MemoryLedger(BaseLedger):
     def clear(self) -> None:
         self._entries.clear()
         self._effects.clear()
+
+
+# -- the simple ledger for your own tests ----------------------------------------------
+
+
+class Ledger:
+    """An external effect log: a Redis list of JSON entries that tools append to.
+
+    A tool calls ``ledger.record("start", ctx=ctx)`` where its effect begins (and
+    again at later points); the test reads :meth:`entries`. Because the list lives
+    outside the guard's store, it shows what really ran, including body runs that
+    the guard fenced or a crash cut short.
+    """
+
+    def __init__(self, url: str, key: str = "aaa:test:ledger") -> None:
+        import redis
+
+        self.url, self.key = url, key
+        self._redis = redis.Redis.from_url(url, decode_responses=True)
+
+    def record(self, event: str, *, task_id: str | None = None, ctx: Any = None, **fields: Any) -> dict[str, Any]:
+        """Append ``{"event", "task_id", "attempt", "pid", "at", ...}`` and return it."""
+        meta = getattr(ctx, "meta", None) or {}
+        entry = {
+            "event": event,
+            "task_id": task_id or meta.get("task_id"),
+            "attempt": getattr(ctx, "attempt", None),
+            "hostname": meta.get("hostname"),
+            "pid": os.getpid(),
+            "at": time.time(),
+            **fields,
+        }
+        self._redis.rpush(self.key, json.dumps(entry, separators=(",", ":")))
+        return entry
+
+    def entries(self, task_id: str | None = None, event: str | None = None) -> list[dict[str, Any]]:
+        """Entries in order, optionally only one call's and one kind."""
+        out = [json.loads(raw) for raw in self._redis.lrange(self.key, 0, -1)]
+        return [e for e in out if (task_id is None or e["task_id"] == task_id)
+                and (event is None or e["event"] == event)]
+
+    def clear(self) -> None:
+        self._redis.delete(self.key)
+
+    def close(self) -> None:
+        self._redis.close()

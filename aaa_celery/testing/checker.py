@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from ..lifecycle import COMPLETED, FAILED, FENCED, STALE_RESULT, STARTED, Event, Outcome
-from .ledger import EFFECT, END, START, BaseLedger
+from .ledger import EFFECT, END, START, BaseEffectLedger
 
 INVARIANTS = ("I1", "I2", "I3", "I4", "I5", "I6", "I7")
 LEDGER_ONLY = ("I1", "I2", "I3", "I4", "I6")
@@ -149,7 +149,7 @@ def _norm(value: Any) -> str:
 
 def check_history(
     store: AuditTrail | None,
-    ledger: BaseLedger | Sequence[dict[str, Any]],
+    ledger: BaseEffectLedger | Sequence[dict[str, Any]],
     calls: Iterable[Call | str],
     *,
     heartbeat_s: float = 5.0,
@@ -158,13 +158,13 @@ def check_history(
 ) -> list[Violation]:
     """Every violation of I1..I7 in the history of ``calls``.
 
-    ``ledger`` is a :class:`~aaa_celery.chaos.ledger.BaseLedger` or its entries.
+    ``ledger`` is a :class:`~aaa_celery.testing.ledger.BaseEffectLedger` or its entries.
     ``heartbeat_s`` is the guard's renewal period (the window a stalled attempt may
     still run after waking, I2) and ``lease_ttl_s`` the lease's TTL (default
     ``3 * heartbeat_s``); ``slack_s`` absorbs scheduling and clock jitter.
     ``store=None``: ledger-only (baseline) mode, see the module docstring.
     """
-    entries = ledger.entries() if isinstance(ledger, BaseLedger) else list(ledger)
+    entries = ledger.entries() if isinstance(ledger, BaseEffectLedger) else list(ledger)
     runs = executions(entries)
     effects: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for e in entries:
@@ -340,10 +340,10 @@ def _check_ledger_only(call: Call, execs: list[Execution], effects: list[dict[st
 # -- counts for the report ----------------------------------------------------------------
 
 
-def summarize(store: AuditTrail | None, ledger: BaseLedger | Sequence[dict[str, Any]],
+def summarize(store: AuditTrail | None, ledger: BaseEffectLedger | Sequence[dict[str, Any]],
               calls: Sequence[Call], violations: Sequence[Violation]) -> dict[str, Any]:
     """Counts for the report table: results by kind, body starts, re-runs, effects."""
-    entries = ledger.entries() if isinstance(ledger, BaseLedger) else list(ledger)
+    entries = ledger.entries() if isinstance(ledger, BaseEffectLedger) else list(ledger)
     runs = executions(entries)
     results: Counter[str] = Counter()
     stale = fenced = 0
