@@ -28,9 +28,10 @@ fleet stops, also after a test failure.
   a store's audit trail and an :class:`EffectLedger`; it returns the list of
   :class:`Violation`.
 
-A worker is ready when its ``worker_ready`` signal fires: ``aaa_celery`` writes the
-worker's PID to the file named by ``AAA_READY_FILE`` (set here for each worker).
-Log lines containing ``ready.`` count too, for apps that don't import the guard.
+A worker is ready when its ``worker_ready`` signal fires: each worker runs through
+the launcher :mod:`aaa_celery.testing.worker`, which writes the worker's PID to
+the file named by ``AAA_READY_FILE`` (:mod:`.ready`). Log lines containing
+``ready.`` count too. Importing this package connects no signal.
 
 :mod:`aaa_celery.chaos` is built on these helpers; nothing here imports it.
 """

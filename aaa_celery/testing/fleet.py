@@ -1,10 +1,10 @@
 """Real ``celery worker`` processes of an app: :class:`WorkerProcess` and :class:`Fleet`.
 
-A worker is ready when its ``worker_ready`` signal fires: ``aaa_celery`` writes the
-worker's PID to the file named by ``AAA_READY_FILE`` (set here for each worker).
-Log lines containing ``ready.`` count too, for apps that don't import the guard.
-Every process started here is stopped by its PID (never by name), also after a
-test failure.
+A worker runs as ``python -m aaa_celery.testing.worker -A <app> worker ...``: Celery's
+own CLI, launched by :mod:`aaa_celery.testing.worker` so that the worker writes its
+PID to its ready file (``AAA_READY_FILE``) when its ``worker_ready`` signal fires.
+A log line containing `` ready.`` counts as ready too. Every process started here
+is stopped by its PID (never by name), also after a test failure.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from .faults import Frozen, kill9, parent_of, pid_alive, pool_children
-from ..worker.install import READY_FILE_ENV
+from .ready import READY_FILE_ENV
+
+#: The module a worker runs as (``python -m``): the ``celery`` command plus the ready file.
+LAUNCHER = "aaa_celery.testing.worker"
 
 
 def wait_for(check: Any, timeout_s: float, what: str = "condition", poll_s: float = 0.05) -> Any:
@@ -40,6 +43,9 @@ def wait_for(check: Any, timeout_s: float, what: str = "condition", poll_s: floa
 
 class WorkerProcess:
     """One ``celery -A <app> worker`` subprocess, started and stopped by its PID.
+
+    It runs through :mod:`aaa_celery.testing.worker` (see :meth:`command`), which
+    writes the ready file that :meth:`wait_ready` watches.
 
     Args:
         app: the ``-A`` argument (``proj.celery`` or ``proj.celery:app``).
@@ -88,8 +94,8 @@ class WorkerProcess:
         self._seen_children: set[int] = set()
 
     def command(self) -> list[str]:
-        """The command line this worker runs."""
-        cmd = [sys.executable, "-m", "celery", "-A", self.app, "worker", "-P", self.pool,
+        """The command line this worker runs: ``celery``'s arguments, through the launcher."""
+        cmd = [sys.executable, "-m", LAUNCHER, "-A", self.app, "worker", "-P", self.pool,
                "-c", str(self.concurrency), "-n", self.hostname, "--loglevel", self.loglevel]
         if self.queues:
             cmd += ["-Q", ",".join(self.queues)]
