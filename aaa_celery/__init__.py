@@ -1,5 +1,7 @@
 """aaa_celery: make side-effecting Celery tasks safe on fleets that crash, stall and redeliver."""
 
+from typing import TYPE_CHECKING, Any
+
 from .config import Delivery, GuardConfig, GuardPolicy, LostLease, RetryPolicy
 from .context import ToolContext
 from .errors import (
@@ -14,7 +16,9 @@ from .errors import (
     ToolTimeout,
 )
 from .stores import Store, open_store
-from .worker import GuardedTask, install
+
+if TYPE_CHECKING:
+    from .worker import GuardedTask, install
 
 __version__ = "0.1.0"
 
@@ -42,3 +46,13 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The Celery side loads on first use, so importing the pure modules
+    # (``aaa_celery.lifecycle``, ``aaa_celery.config``) never loads Celery.
+    if name in ("GuardedTask", "install"):
+        from . import worker
+
+        return getattr(worker, name)
+    raise AttributeError(f"module 'aaa_celery' has no attribute {name!r}")

@@ -10,8 +10,11 @@ from typing import Any
 class ToolContext:
     """Injected into tools that declare a ``ctx: ToolContext`` parameter.
 
-    ``idempotency_key`` is stable across every attempt and every worker for the
-    same logical call (``<run id>/<call id>`` by default, or what the tool's
+    ``call_id`` is the guard's id of this call: the Celery task id and the store's key.
+    ``tool_call_id`` is the model's own id for it (engine calls only), which threads the
+    transcript. ``idempotency_key`` is stable across every attempt and every worker for the
+    same logical call (``<run id>/<tool call id>`` for engine calls and the call id for
+    plain tasks by default, or what the tool's
     ``idempotency_key=`` function returns): pass it to the system you call so a
     repeated attempt cannot repeat the effect. ``attempt`` and ``fence`` are the
     1-based, rising execution number of this call.
@@ -25,3 +28,4 @@ class ToolContext:
     idempotency_key: str = ""
     tenant: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    tool_call_id: str | None = None

@@ -136,9 +136,10 @@ class AgentRuns:
         store = self.engine.store
         out = []
         for call in requested:
-            task_id = f"{run_id}:{call['call_id']}"
-            trail = [{"type": e.type, "attempt": e.attempt, "at": e.at, "data": e.data} for e in store.events(task_id)]
-            out.append({"call_id": call["call_id"], "name": call["name"], "task_id": task_id, "trail": trail})
+            call_id = call["call_id"]
+            trail = [{"type": e.type, "attempt": e.attempt, "at": e.at, "data": e.data} for e in store.events(call_id)]
+            out.append({"call_id": call_id, "tool_call_id": call.get("tool_call_id"), "name": call["name"],
+                        "task_id": call_id, "trail": trail})
         return _plain(out)
 
     def close(self) -> None:

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import fake
 from .types import LLMClient, LLMRequest, LLMResponse, Message, ToolCall
-
-if TYPE_CHECKING:
-    from ..runtime.engine import Engine
-    from ..runtime.sync import SyncEngine
 
 
 class FakeLLMClient:
@@ -39,7 +35,7 @@ class LLMHandler:
     def __init__(self, client: Any) -> None:
         self.client = client
 
-    def attach(self, engine: Engine | SyncEngine) -> None:
+    def attach(self, engine: Any) -> None:
         """Answer ``engine``'s model requests (an ``Engine`` or a ``SyncEngine``)."""
         engine.llm = self
 

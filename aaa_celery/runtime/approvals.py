@@ -36,12 +36,13 @@ class PendingApproval:
 
     Attributes:
         run_id: the run the call belongs to.
-        call_id: the model's call id; the approval signal names it.
+        call_id: the call's id (its task id); the approval signal names it.
         tool: the tool's name.
         arguments: the arguments shown (and, once granted, sent; a copy).
         since: when the call started waiting (``time.time()`` seconds).
         digest: fingerprint of run, call, tool and arguments; a signal may carry
             it to prove it approves what was shown.
+        tool_call_id: the model's own id for the call.
     """
 
     run_id: str
@@ -51,6 +52,7 @@ class PendingApproval:
     since: float
     digest: str = ""
     _future: asyncio.Future[tuple[bool, str]] | None = field(repr=False, default=None)
+    tool_call_id: str | None = None
 
     @property
     def decided(self) -> bool:
@@ -62,6 +64,7 @@ class PendingApproval:
         return {
             "run_id": self.run_id,
             "call_id": self.call_id,
+            "tool_call_id": self.tool_call_id,
             "tool": self.tool,
             "arguments": self.arguments,
             "since": self.since,

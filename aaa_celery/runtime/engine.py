@@ -30,24 +30,19 @@ import asyncio
 import concurrent.futures
 import copy
 import dataclasses
-import threading
 import time
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
-from celery.result import _set_task_join_will_block
 
 from ..errors import ApprovalDenied, ConfigError, ToolArgsError
 from ..llm.types import LLMRequest, LLMResponse, ToolCall
-from ..stores.base import Store
-from ..stores.memory import MemoryStore
-from ..tools.handler import ToolHandler, task_name
+from ..protocol import RUN_HEADER, TENANT_HEADER, TOOL_CALL_HEADER, call_id_for, task_name
+from ..tools.handler import ToolHandler, store_of, use_store
 from ..tools.registry import ToolRegistry
 from ..tools.tool import Tool
-from ..worker.stores import app_store, use_store
-from ..worker.task import CALL_HEADER, RUN_HEADER, TENANT_HEADER
 from .approvals import (
     APPROVAL_DENIED,
     APPROVAL_GRANTED,
@@ -56,9 +51,11 @@ from .approvals import (
     PendingApproval,
     digest,
 )
+from .embedded import EmbeddedWorker, embedded_app
 from .results import ToolFact, fact_from_celery, failed
 
 if TYPE_CHECKING:
+    from ..stores import Store
     from .sync import SyncEngine
 
 #: The concurrency of a pool that no handler sized (``ToolHandler(pools=...)``).
@@ -124,7 +121,7 @@ class Engine:
     ) -> None:
         self.embedded = app is None
         self.id = uuid.uuid4().hex[:8]
-        self.app = app if app is not None else self._embedded_app()
+        self.app = app if app is not None else embedded_app(self.id)
         if store is not None:
             use_store(self.app, store)
         self.concurrency = concurrency
@@ -135,29 +132,13 @@ class Engine:
         self.pool_sizes: dict[str, int] = {}
         self._limits: dict[str, asyncio.Semaphore] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._worker: Any = None
-        self._thread: threading.Thread | None = None
+        self._worker: EmbeddedWorker | None = None
         self._queue_prefix = f"aaa-embedded-{self.id}." if self.embedded else "aaa."
-
-    def _embedded_app(self) -> Celery:
-        app = Celery(f"aaa-embedded-{self.id}", broker="memory://", backend="cache+memory://", set_as_current=False)
-        app.conf.update(
-            aaa_store_url="memory://",
-            task_serializer="json",
-            result_serializer="json",
-            accept_content=["json"],
-            worker_prefetch_multiplier=1,
-            task_default_queue=f"aaa-embedded-{self.id}",
-            aaa_recovery_interval_s=1.0,
-            broker_transport_options={"polling_interval": 0.05},
-        )
-        use_store(app, MemoryStore())
-        return app
 
     @property
     def store(self) -> Store:
         """The store that guards this engine's calls (for its audit trail)."""
-        return app_store(self.app)
+        return store_of(self.app)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -185,46 +166,16 @@ class Engine:
         return SyncEngine(self)
 
     def _ensure_worker(self) -> None:
-        if not self.embedded or self._worker is not None:
-            return
-        from celery.contrib.testing.worker import TestWorkController
-
-        self.app.finalize()
-        # The threads pool resolves tasks through Celery's default app.
-        self.app.set_default()
-        queues = [q.name for q in self.app.conf.task_queues or []] or [self.app.conf.task_default_queue]
-        worker = TestWorkController(
-            app=self.app,
+        if self.embedded and self._worker is None:
             # every pool's calls have threads of their own: a pool that waits on
             # child runs can never take the threads its children need
-            concurrency=max(self.concurrency, sum(self.pool_sizes.values())),
-            pool="threads",
-            hostname=f"aaa-embedded-{self.id}@localhost",
-            loglevel="WARNING",
-            queues=queues,
-            ready_callback=None,
-            without_heartbeat=True,
-            without_mingle=True,
-            without_gossip=True,
-        )
-        self._thread = threading.Thread(target=worker.start, name=f"aaa-embedded-{self.id}", daemon=True)
-        self._thread.start()
-        worker.ensure_started()
-        # A worker marks the whole process as "inside a task", so that result.get()
-        # raises; the embedded worker shares the app's process, whose own code (a
-        # script, a test) must still be able to wait on results.
-        _set_task_join_will_block(False)
-        self._worker = worker
+            concurrency = max(self.concurrency, sum(self.pool_sizes.values()))
+            self._worker = EmbeddedWorker(self.app, f"aaa-embedded-{self.id}", concurrency)
 
     def _stop_worker(self) -> None:
-        if self._worker is None:
-            return
-        self._worker.stop(in_sighandler=False)
-        if self._thread is not None:
-            # Celery's sync loop polls the in-memory broker in 2 s slices; the stopped
-            # worker's daemon thread ends on its own at the next one, owning nothing.
-            self._thread.join(0.2)
-        self._worker = self._thread = None
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop()
 
     # -- tools -----------------------------------------------------------------
     def attach_tools(self, handler: ToolHandler) -> None:
@@ -243,10 +194,7 @@ class Engine:
         else:
             handler.bind(self.app)
         if self._worker is not None and added:
-            consumer = self._worker.consumer
-            consumer.update_strategies()
-            for t in added:
-                consumer.add_task_queue(handler.queue_for(t, self._queue_prefix))
+            self._worker.add_queues([handler.queue_for(t, self._queue_prefix) for t in added])
 
     def _limit(self, pool: str) -> asyncio.Semaphore:
         limit = self._limits.get(pool)
@@ -304,18 +252,17 @@ class Engine:
             return fact
         return dataclasses.replace(fact, value=fact.value[: limit - 1] + "…")
 
-    async def _send(self, handle: RunHandle, call: ToolCall, t: Tool, arguments: dict[str, Any]) -> ToolFact:
+    async def _send(self, handle: RunHandle, call_id: str, call: ToolCall, t: Tool, arguments: dict[str, Any]) -> ToolFact:
         """Send one call as a guarded task (within its pool's bound) and wait for its fact."""
         task = self.app.tasks[task_name(t.name)]
-        task_id = f"{handle.run_id}:{call.id}"
-        headers = {RUN_HEADER: handle.run_id, CALL_HEADER: call.id}
+        headers = {RUN_HEADER: handle.run_id, TOOL_CALL_HEADER: call.id}
         if handle.tenant:
             headers[TENANT_HEADER] = handle.tenant
         async with self._limit(t.pool):
             result = await asyncio.to_thread(
-                task.apply_async, kwargs={"arguments": arguments}, task_id=task_id, headers=headers
+                task.apply_async, kwargs={"arguments": arguments}, task_id=call_id, headers=headers
             )
-            return await self._wait(result, call.id, t.name)
+            return await self._wait(result, call_id, t.name)
 
     async def _wait(self, result: Any, call_id: str, name: str) -> ToolFact:
         def read() -> ToolFact | None:
@@ -440,39 +387,43 @@ class RunHandle:
         return list(await asyncio.gather(*(self._call(c) for c in calls)))
 
     async def _call(self, call: ToolCall) -> ToolFact:
-        self.emit("aaa.tool.requested", {"call_id": call.id, "name": call.name, "arguments": call.arguments})
-        fact = await self._execute(call)
+        call_id = call_id_for(self.run_id, call.id)
+        self.emit("aaa.tool.requested", {"call_id": call_id, "tool_call_id": call.id, "name": call.name,
+                                         "arguments": call.arguments})
+        fact = await self._execute(call_id, call)
         self.emit(fact.event_type, fact.event_data())
         return fact
 
-    async def _execute(self, call: ToolCall) -> ToolFact:
+    async def _execute(self, call_id: str, call: ToolCall) -> ToolFact:
         t = self.engine.tools.registry.get(call.name)
         if t is None:
             known = ", ".join(sorted(x.name for x in self.engine.tools.registry)) or "none"
-            return failed(call.id, call.name, ToolArgsError(f"unknown tool {call.name!r}; the tools are: {known}"))
+            return failed(call_id, call.name, ToolArgsError(f"unknown tool {call.name!r}; the tools are: {known}"))
         # a snapshot: what a person approves is exactly what is sent
         arguments = copy.deepcopy(dict(call.arguments))
         if t.requires_approval:
-            granted, reason = await self._approval(call, t, arguments)
+            granted, reason = await self._approval(call_id, call, t, arguments)
             if not granted:
                 message = f"{DENIED_MESSAGE}: {reason}" if reason else DENIED_MESSAGE
-                return failed(call.id, t.name, ApprovalDenied(message))
+                return failed(call_id, t.name, ApprovalDenied(message))
         try:
-            fact = await self.engine._send(self, call, t, arguments)
+            fact = await self.engine._send(self, call_id, call, t, arguments)
         except Exception as e:  # noqa: BLE001 - a broken send is a fact for the model, not a crash
-            return failed(call.id, t.name, e)
+            return failed(call_id, t.name, e)
         return self.engine._shorten(t, fact)
 
-    async def _approval(self, call: ToolCall, t: Tool, arguments: dict[str, Any]) -> tuple[bool, str]:
+    async def _approval(self, call_id: str, call: ToolCall, t: Tool, arguments: dict[str, Any]) -> tuple[bool, str]:
         future: asyncio.Future[tuple[bool, str]] = asyncio.get_running_loop().create_future()
         shown = copy.deepcopy(arguments)
         pending = PendingApproval(
-            self.run_id, call.id, t.name, shown, time.time(), digest(self.run_id, call.id, t.name, shown), future
+            self.run_id, call_id, t.name, shown, time.time(), digest(self.run_id, call_id, t.name, shown), future,
+            tool_call_id=call.id,
         )
-        self._approvals[call.id] = pending
+        self._approvals[call_id] = pending
         self.emit(
             APPROVAL_REQUESTED,
-            {"call_id": call.id, "name": t.name, "arguments": shown, "digest": pending.digest},
+            {"call_id": call_id, "tool_call_id": call.id, "name": t.name, "arguments": shown,
+             "digest": pending.digest},
         )
         return await future
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from celery import Celery
 from kombu import Queue
@@ -10,22 +10,14 @@ from kombu import Queue
 from ..config import GuardConfig, GuardPolicy, RetryPolicy, build_config
 from ..context import ToolContext
 from ..errors import ConfigError, ToolArgsError
-from ..worker.install import install
-from ..worker.task import GuardedTask
+from ..protocol import QUEUE_PREFIX, task_name
+from ..worker import GuardedTask, install
+from ..worker import app_store as store_of
+from ..worker import use_store
 from .registry import ToolRegistry
 from .tool import Tool
 
-if TYPE_CHECKING:
-    from ..runtime.engine import Engine
-
-#: Task names of tools: ``aaa.tool.<tool name>``.
-TASK_PREFIX = "aaa.tool."
-#: Queue names of pools: ``aaa.<pool>``.
-QUEUE_PREFIX = "aaa."
-
-
-def task_name(tool_name: str) -> str:
-    return f"{TASK_PREFIX}{tool_name}"
+__all__ = ["ToolHandler", "ToolTask", "store_of", "use_store"]
 
 
 class ToolTask(GuardedTask):
@@ -164,6 +156,7 @@ class ToolHandler:
         _add_routes(app, routes)
         return app
 
-    def attach(self, engine: Engine) -> None:
-        """One tool executor per engine: later handlers merge their tools into the first."""
+    def attach(self, engine: Any) -> None:
+        """Attach to an ``Engine`` (or ``SyncEngine``): one tool executor per engine, later
+        handlers merge their tools into the first."""
         engine.attach_tools(self)

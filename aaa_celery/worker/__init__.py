@@ -1,8 +1,20 @@
-"""The guard inside Celery workers: GuardedTask, heartbeat, recovery."""
+"""The guard inside Celery workers: GuardedTask, the recovery bootstep, explicit install."""
 
-from .install import check_settings, install
-from .recovery import RecoveryStep, recover
+from .bootstep import RecoveryStep
+from .install import attach, install
+from .recovery import recover
+from .settings import check_settings
 from .stores import app_store, store_url, use_store
 from .task import GuardedTask
 
-__all__ = ["GuardedTask", "RecoveryStep", "app_store", "check_settings", "install", "recover", "store_url", "use_store"]
+__all__ = [
+    "GuardedTask",
+    "RecoveryStep",
+    "app_store",
+    "attach",
+    "check_settings",
+    "install",
+    "recover",
+    "store_url",
+    "use_store",
+]

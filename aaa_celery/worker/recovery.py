@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
 import threading
 from typing import Any
 
-from celery import Celery, bootsteps
+from celery import Celery
 
 from ..errors import StoreError
 from ..stores import open_store
 from ..stores.base import Store
 from .stores import store_url
-from .task import enable_task_events
 
 log = logging.getLogger("aaa_celery.recovery")
 
@@ -132,37 +129,3 @@ class Sweeper:
         if store is not None:
             with contextlib.suppress(Exception):
                 store.close()
-
-
-class RecoveryStep(bootsteps.StartStopStep):  # type: ignore[misc]
-    """A worker bootstep that runs :func:`recover` every ``aaa_recovery_interval_s``.
-
-    The sweeps run in a :class:`Sweeper` thread of the worker's main process, not on
-    the worker's event-loop timer: a timer entry depends on the event loop staying
-    healthy, and a publish from it would block the loop.
-    """
-
-    def __init__(self, worker: Any, **kwargs: Any) -> None:
-        super().__init__(worker, **kwargs)
-        from .install import check_settings
-
-        # A worker with guarded tasks refuses to start without a store (or with pickle).
-        check_settings(worker.app)
-        # Before the pool starts, so prefork children inherit it.
-        enable_task_events(bool(getattr(worker, "task_events", False)))
-        self.sweeper: Sweeper | None = None
-        self.name_ = f"{getattr(worker, 'hostname', socket.gethostname())}/{os.getpid()}/recovery"
-
-    def start(self, worker: Any) -> None:
-        interval = float(worker.app.conf.get("aaa_recovery_interval_s") or DEFAULT_INTERVAL_S)
-        if interval <= 0 or self.sweeper is not None:
-            return
-        self.sweeper = Sweeper(worker.app, self.name_, interval).start()
-
-    def stop(self, worker: Any) -> None:
-        sweeper, self.sweeper = self.sweeper, None
-        if sweeper is not None:
-            sweeper.stop()
-
-    def terminate(self, worker: Any) -> None:
-        self.stop(worker)

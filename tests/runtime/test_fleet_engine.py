@@ -18,6 +18,7 @@ import redis
 from aaa_celery.algos import ToolLoop
 from aaa_celery.llm import FakeLLMClient, LLMHandler, LLMRequest, LLMResponse, ToolCall
 from aaa_celery.llm.fake import text
+from aaa_celery.protocol import call_id_for
 from aaa_celery.runtime import APPROVAL_GRANTED, Engine, RunHandle, RunOutcome
 from aaa_celery.worker.stores import app_store
 
@@ -104,8 +105,11 @@ def run(fleet: Fleet, *turns: Any, **kwargs: Any) -> tuple[RunHandle, RunOutcome
 
 
 def facts(handle: RunHandle) -> dict[str, dict[str, Any]]:
-    """The result event of each call, by call id."""
-    return {e["data"]["call_id"]: e for e in handle.events() if e["type"] in ("aaa.tool.completed", "aaa.tool.failed")}
+    """The result event of each call, by the model's tool call id."""
+    model_id = {e["data"]["call_id"]: e["data"]["tool_call_id"] for e in handle.events()
+                if e["type"] == "aaa.tool.requested"}
+    return {model_id[e["data"]["call_id"]]: e for e in handle.events()
+            if e["type"] in ("aaa.tool.completed", "aaa.tool.failed")}
 
 
 def test_three_tools_one_approved_then_the_answer_with_the_full_event_sequence(fleet: Fleet):
@@ -117,13 +121,13 @@ def test_three_tools_one_approved_then_the_answer_with_the_full_event_sequence(f
     async def approve_after_the_others(engine: Engine, handle: RunHandle) -> None:
         pending = await until(handle.pending_approvals, what="the wire call waits for a person")
         assert [(p.tool, p.arguments, p.run_id, p.call_id) for p in pending] == [
-            ("wire", {"to": "ACME", "amount": 30}, handle.run_id, "call_wire")
+            ("wire", {"to": "ACME", "amount": 30}, handle.run_id, call_id_for(handle.run_id, "call_wire"))
         ]
         await until(lambda: len(facts(handle)) == 2, what="charge and lookup done")
         # not sent while waiting: no body run, nothing registered in the store
         assert fleet.ledger("wire") == []
         assert fleet.client.AsyncResult(f"{handle.run_id}:call_wire").state == "PENDING"
-        handle.signal(APPROVAL_GRANTED, {"call_id": "call_wire"})
+        handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_wire")})
 
     handle, outcome = run(fleet, calls(c_charge, c_wire, c_lookup), echo_facts, during=approve_after_the_others)
 
@@ -131,7 +135,9 @@ def test_three_tools_one_approved_then_the_answer_with_the_full_event_sequence(f
     assert outcome.status == "completed"
     assert outcome.value["text"] == "charged 30 for A-1 | wired 30 to ACME | order A-1: paid 30 EUR"
     # and the run's events came in this order (charge and lookup finish in either order)
-    types = [(e["type"], e["data"].get("call_id")) for e in handle.events()]
+    # (events name the call id <run id>:<tool call id>; shown here by the model's tool call id)
+    prefix = f"{handle.run_id}:"
+    types = [(e["type"], (e["data"].get("call_id") or "").removeprefix(prefix) or None) for e in handle.events()]
     assert types[:6] == [
         ("aaa.run.started", None),
         ("aaa.llm.completed", None),
@@ -163,7 +169,7 @@ def test_task_id_and_tenant_reach_the_tool_context_on_the_worker(fleet: Fleet):
     assert value == {
         "tenant": "acme",
         "run_id": handle.run_id,
-        "call_id": "call_who",
+        "call_id": f"{handle.run_id}:call_who",
         "task_id": f"{handle.run_id}:call_who",
     }
 

@@ -13,6 +13,7 @@ import pytest
 from aaa_celery.algos import ToolLoop
 from aaa_celery.llm import FakeLLMClient, LLMHandler, LLMRequest, LLMResponse, ToolCall
 from aaa_celery.llm.fake import text, tool_call
+from aaa_celery.protocol import call_id_for
 from aaa_celery.runtime import APPROVAL_DENIED, APPROVAL_GRANTED, Engine, RunHandle, SyncEngine
 from aaa_celery.tools import ToolContext, ToolHandler, ToolRegistry, tool
 
@@ -59,7 +60,11 @@ async def drive(model: Any, during: Callable[[Engine, RunHandle], Any], **start:
 
 
 def fact_events(handle: RunHandle) -> dict[str, dict[str, Any]]:
-    return {e["data"]["call_id"]: e for e in handle.events() if e["type"] in ("aaa.tool.completed", "aaa.tool.failed")}
+    """The run's facts by the model's tool call id."""
+    requested = {e["data"]["call_id"]: e["data"]["tool_call_id"] for e in handle.events()
+                 if e["type"] == "aaa.tool.requested"}
+    return {requested[e["data"]["call_id"]]: e for e in handle.events()
+            if e["type"] in ("aaa.tool.completed", "aaa.tool.failed")}
 
 
 # -- runs ------------------------------------------------------------------------------------
@@ -131,10 +136,10 @@ def test_approval_tool_is_not_sent_until_granted_and_pending_shows_tool_argument
         [pending] = await until(engine.pending_approvals, what="pending approval")
         assert (pending.tool, pending.arguments, pending.run_id) == ("wire", {"to": "ACME", "amount": 30}, handle.run_id)
         assert time.time() - 5 < pending.since <= time.time()
-        assert set(pending.to_dict()) == {"run_id", "call_id", "tool", "arguments", "since", "digest"}
+        assert set(pending.to_dict()) == {"run_id", "call_id", "tool_call_id", "tool", "arguments", "since", "digest"}
         await asyncio.sleep(0.3)
         # nothing went to a worker: no body run, no guard record of the task
-        assert ran == [] and engine.store.events(f"{handle.run_id}:{pending.call_id}") == []
+        assert ran == [] and engine.store.events(pending.call_id) == []
         handle.signal(APPROVAL_GRANTED, {"call_id": pending.call_id, "digest": pending.digest})
 
     handle, outcome = asyncio.run(drive(call_then_echo(("wire", {"to": "ACME", "amount": 30})), approve))
@@ -175,10 +180,10 @@ def test_the_model_has_no_path_to_grant_by_tool_name_message_content_or_argument
         facts = fact_events(handle)
         assert facts["call_fake_grant"]["data"]["error"] == "ToolArgsError"  # unknown tool
         assert facts["call_smuggle"]["data"]["error"] == "ToolArgsError"  # not lookup's arguments
-        assert [p.call_id for p in handle.pending_approvals()] == ["call_w"]  # still waiting
+        assert [p.tool_call_id for p in handle.pending_approvals()] == ["call_w"]  # still waiting
         assert not any(e["type"] == APPROVAL_GRANTED for e in handle.events())
         assert ran == []
-        handle.signal(APPROVAL_DENIED, {"call_id": "call_w"})
+        handle.signal(APPROVAL_DENIED, {"call_id": call_id_for(handle.run_id, "call_w")})
 
     handle, outcome = asyncio.run(drive(model, check))
     assert outcome.value["text"].startswith("ApprovalDenied: denied by a person | ToolArgsError")
@@ -196,18 +201,18 @@ def test_an_approval_is_bound_to_the_call_id_and_the_exact_arguments_shown():
     async def approve(engine: Engine, handle: RunHandle) -> None:
         [pending] = await until(handle.pending_approvals)
         with pytest.raises(KeyError):
-            handle.signal(APPROVAL_GRANTED, {"call_id": "call_other"})
+            handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_other")})
         with pytest.raises(ValueError, match="other arguments"):
-            handle.signal(APPROVAL_GRANTED, {"call_id": "call_b", "arguments": {"to": "EVIL", "amount": 30}})
+            handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_b"), "arguments": {"to": "EVIL", "amount": 30}})
         with pytest.raises(ValueError, match="digest"):
-            handle.signal(APPROVAL_GRANTED, {"call_id": "call_b", "digest": "0" * 32})
+            handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_b"), "digest": "0" * 32})
         with pytest.raises(ValueError, match="reserved"):
-            handle.signal("aaa.tool.completed", {"call_id": "call_b"})
+            handle.signal("aaa.tool.completed", {"call_id": call_id_for(handle.run_id, "call_b")})
         shown_args["to"] = "EVIL"  # whoever holds the call's arguments changes them after they were shown
         assert handle.pending_approvals()[0].arguments == {"to": "ACME", "amount": 30}
-        handle.signal(APPROVAL_GRANTED, {"call_id": "call_b", "arguments": {"to": "ACME", "amount": 30}})
+        handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_b"), "arguments": {"to": "ACME", "amount": 30}})
         with pytest.raises(KeyError):  # decided once
-            handle.signal(APPROVAL_GRANTED, {"call_id": "call_b"})
+            handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_b")})
 
     handle, outcome = asyncio.run(drive(model, approve))
     assert outcome.value["text"] == "wired 30 to ACME" and ran == [{"to": "ACME", "amount": 30}]

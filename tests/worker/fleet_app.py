@@ -105,7 +105,7 @@ def make_app(env: Mapping[str, str]) -> Celery:
     @app.task(name="fleet.threads")
     def threads(pause: float = 0.0) -> dict[str, Any]:
         """The live threads of the process that runs tasks (not guarded: a probe)."""
-        from aaa_celery.worker.watchdog import active_calls
+        from aaa_celery.guard import active_calls
 
         time.sleep(pause)
         return {"pid": os.getpid(), "threads": sorted(t.name for t in threading.enumerate()),

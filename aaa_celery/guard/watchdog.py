@@ -137,6 +137,7 @@ def scheduler() -> _Scheduler:
         return current
     with _scheduler_lock:
         if _scheduler is None or _scheduler.pid != os.getpid():
+            _register_fork_hook()
             _scheduler = _Scheduler()
         return _scheduler
 
@@ -152,7 +153,17 @@ def _after_fork_in_child() -> None:
     _scheduler, _scheduler_lock = None, threading.Lock()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_fork_hook_registered = False
+
+
+def _register_fork_hook() -> None:
+    """Reset the scheduler in a forked child (a lock held at the fork must not carry over).
+
+    Registered on first use, not at import: importing the guard has no side effects."""
+    global _fork_hook_registered
+    if not _fork_hook_registered:
+        _fork_hook_registered = True
+        os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Watchdog:

@@ -1,0 +1,25 @@
+"""The guard core: run one delivery of a call under a lease, a heartbeat and a fence.
+
+Plain Python over a :class:`~aaa_celery.stores.Store`, with no Celery import, so the
+rules of an attempt are read in one place; ``aaa_celery.worker.GuardedTask`` adapts
+them to Celery's request, retry and ack semantics.
+"""
+
+from .runner import BUSY_POLLS, DeliveryEnded, Dropped, GuardRunner, HandBack, answer, error_for, run_unguarded
+from .watchdog import BodyTimedOut, Interrupted, LeaseCancelled, Watchdog, active_calls
+
+__all__ = [
+    "BUSY_POLLS",
+    "BodyTimedOut",
+    "DeliveryEnded",
+    "Dropped",
+    "GuardRunner",
+    "HandBack",
+    "Interrupted",
+    "LeaseCancelled",
+    "Watchdog",
+    "active_calls",
+    "answer",
+    "error_for",
+    "run_unguarded",
+]

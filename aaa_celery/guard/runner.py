@@ -1,0 +1,184 @@
+"""The attempt runner: one delivery of a call, run under the guard. Plain Python over a Store.
+
+Each delivery asks the store what to do (``begin``):
+
+* ``Claimed``: run the body as attempt *n* under a :class:`Watchdog` (heartbeat and
+  timeout), then record the one result (``finish``, retried while the store is
+  down); a result from a superseded attempt is fenced out.
+* ``Busy``: another live worker holds the call. Re-check every ``wait_poll_s`` for a
+  short while (contention at the start of a call), then drop this copy without a
+  result: the store, not the broker, brings the call back if the holder dies, so a
+  duplicate never holds a worker slot for long.
+* ``Finished``: answer with the recorded result; nothing runs.
+* ``Refused``: the delivery policy forbids another attempt; the recorded
+  ``OutcomeUnknown`` / ``ExecutionAbandoned`` is the result.
+
+A delivery ends in one of four ways: the body's value is returned; its error (or a
+recorded failure) is raised; :class:`Dropped` (this copy ends without a result, the
+call lives on elsewhere); or :class:`HandBack` (the store was unreachable: give the
+message back to the broker for a later try). The adapter (``GuardedTask`` for
+Celery) maps the last two onto its framework. Nothing here imports Celery.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..config import GuardConfig, RetryPolicy
+from ..errors import TOOL_ERRORS, StoreUnavailable, ToolError, ToolTimeout
+from ..lifecycle import (
+    FENCED,
+    STALE_RESULT,
+    STARTED,
+    Accepted,
+    Busy,
+    CallSpec,
+    Claimed,
+    Finished,
+    Lease,
+    Outcome,
+    Refused,
+)
+from ..stores.base import Store
+from .watchdog import BodyTimedOut, LeaseCancelled, Watchdog
+
+#: How many ``wait_poll_s`` periods a delivery waits on a busy call before dropping its copy.
+BUSY_POLLS = 4
+
+
+class DeliveryEnded(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """A delivery ends without giving the caller a result; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Dropped(DeliveryEnded):
+    """This copy ends without a result: a live holder has the call, or this attempt
+    was fenced out. The store brings the call back if its holder dies."""
+
+
+class HandBack(DeliveryEnded):
+    """The store could not be reached: nothing ran, or the result is not recorded.
+    Give the message back to the broker for a later try."""
+
+
+class Emit(Protocol):
+    """Sends an audit event to monitors (never raises; the store's trail is the record)."""
+
+    def __call__(self, audit_type: str, attempt: int | None, **fields: Any) -> None: ...
+
+
+def _no_emit(audit_type: str, attempt: int | None, **fields: Any) -> None:
+    return None
+
+
+def error_for(outcome: Outcome) -> BaseException:
+    """The exception a failed outcome raises for a caller."""
+    cls = TOOL_ERRORS.get(outcome.error or "")
+    if cls is not None:
+        return cls(outcome.message)
+    return ToolError(f"{outcome.error}: {outcome.message}")
+
+
+def answer(outcome: Outcome) -> Any:
+    """The recorded outcome as a caller sees it: its value, or its error raised."""
+    if outcome.ok:
+        return outcome.value
+    raise error_for(outcome)
+
+
+#: The body of one attempt: called with the attempt number, returns the value (or a
+#: coroutine of it, for an ``async def`` tool).
+Body = Callable[[int], Any]
+
+
+@dataclass
+class GuardRunner:
+    """Runs deliveries of calls under one guard configuration.
+
+    Args:
+        store: the store shared by every worker of the fleet.
+        config: the call's guard configuration.
+        timeout_s: bound on the body's run time, or None.
+        result_retry: how ``finish`` is retried while the store is down.
+        emit: sends audit events to monitors (Celery task events, for instance).
+    """
+
+    store: Store
+    config: GuardConfig
+    timeout_s: float | None = None
+    result_retry: RetryPolicy = RetryPolicy()
+    emit: Emit = _no_emit
+
+    def run(self, call: CallSpec, worker: str, body: Body) -> Any:
+        """One delivery of ``call`` by ``worker``: claim, run, record, answer."""
+        busy_until = time.monotonic() + BUSY_POLLS * self.config.wait_poll_s
+        while True:
+            try:
+                decision = self.store.begin(call, worker, self.config)
+            except StoreUnavailable:
+                # Never run without a claim; back off a little before handing the message back.
+                time.sleep(min(5.0, self.config.wait_poll_s * 4))
+                raise HandBack("aaa store unavailable at begin") from None
+            if isinstance(decision, Claimed):
+                self.emit(STARTED, decision.lease.attempt, worker=worker)
+                return self.attempt(call, decision.lease, body)
+            if isinstance(decision, Finished):
+                return answer(decision.result)
+            if isinstance(decision, Refused):
+                refusal = decision.result
+                self.emit(refusal.event_type, refusal.attempt, error=refusal.error, message=refusal.message)
+                raise error_for(refusal)
+            assert isinstance(decision, Busy)
+            if time.monotonic() >= busy_until:
+                raise Dropped(f"held by {decision.holder}")
+            time.sleep(self.config.wait_poll_s)
+
+    def attempt(self, call: CallSpec, lease: Lease, body: Body) -> Any:
+        """Run a claimed attempt under its watchdog and record its outcome."""
+        error: BaseException | None = None
+        try:
+            value = Watchdog(self.store, lease, self.config, self.timeout_s).run(lambda: body(lease.attempt))
+            outcome = Outcome.success(value, lease.attempt)
+        except LeaseCancelled:
+            self.store.fenced(lease)
+            self.emit(FENCED, lease.attempt, worker=lease.worker)
+            raise Dropped("lease lost; attempt cancelled") from None
+        except BodyTimedOut:
+            error = ToolTimeout(f"{call.name or call.call_id}: timed out after {self.timeout_s} s")
+            outcome = Outcome.failure("ToolTimeout", str(error), lease.attempt)
+        except Exception as e:  # noqa: BLE001 - every failure is a recorded fact
+            error = e
+            outcome = Outcome.failure(type(e).__name__, str(e), lease.attempt)
+        if not isinstance(self.finish(lease, outcome), Accepted):
+            self.emit(STALE_RESULT, lease.attempt, worker=lease.worker)
+            raise Dropped("a newer attempt owns the call; this result is audit only")
+        extra = {} if outcome.ok else {"error": outcome.error, "message": outcome.message}
+        self.emit(outcome.event_type, lease.attempt, worker=lease.worker, **extra)
+        if error is not None:
+            raise error
+        return outcome.value
+
+    def finish(self, lease: Lease, outcome: Outcome) -> Any:
+        """Record the outcome, retrying with backoff while the store is unreachable."""
+        delays = self.result_retry.delays()
+        while True:
+            try:
+                return self.store.finish(lease, outcome, self.config)
+            except StoreUnavailable:
+                if not delays:
+                    raise HandBack("aaa store unavailable at finish") from None
+                time.sleep(delays.pop(0))
+
+
+def run_unguarded(config: GuardConfig, timeout_s: float | None, body: Callable[[], Any]) -> Any:
+    """Run a body with its timeout only: no lease, no attempt record (``enabled=False``)."""
+    try:
+        return Watchdog(None, None, config, timeout_s).run(body)
+    except BodyTimedOut:
+        raise ToolTimeout(f"timed out after {timeout_s} s") from None

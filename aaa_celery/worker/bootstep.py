@@ -1,0 +1,45 @@
+"""The recovery bootstep: every worker of a guarded app runs the recovery sweep."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from celery import bootsteps
+
+from .events import TASK_EVENTS_SETTING
+from .recovery import DEFAULT_INTERVAL_S, Sweeper
+from .settings import check_settings
+
+
+class RecoveryStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """A worker bootstep that runs :func:`recover` every ``aaa_recovery_interval_s``.
+
+    The sweeps run in a :class:`Sweeper` thread of the worker's main process, not on
+    the worker's event-loop timer: a timer entry depends on the event loop staying
+    healthy, and a publish from it would block the loop.
+    """
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        # A worker with guarded tasks refuses to start without a store (or with pickle).
+        check_settings(worker.app)
+        # Before the pool starts, so prefork children inherit it.
+        worker.app.conf[TASK_EVENTS_SETTING] = bool(getattr(worker, "task_events", False))
+        self.sweeper: Sweeper | None = None
+        self.name_ = f"{getattr(worker, 'hostname', socket.gethostname())}/{os.getpid()}/recovery"
+
+    def start(self, worker: Any) -> None:
+        interval = float(worker.app.conf.get("aaa_recovery_interval_s") or DEFAULT_INTERVAL_S)
+        if interval <= 0 or self.sweeper is not None:
+            return
+        self.sweeper = Sweeper(worker.app, self.name_, interval).start()
+
+    def stop(self, worker: Any) -> None:
+        sweeper, self.sweeper = self.sweeper, None
+        if sweeper is not None:
+            sweeper.stop()
+
+    def terminate(self, worker: Any) -> None:
+        self.stop(worker)

@@ -1,0 +1,97 @@
+"""What a guarded task knows about one call: its spec, arguments, key and context.
+
+Computed alike at publish time (registration) and in every attempt, so the call's
+idempotency key and request never differ between the two.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+from ..context import ToolContext
+from ..errors import ToolArgsError
+from ..lifecycle import CallSpec
+from ..protocol import HEADERS, RUN_HEADER, TENANT_HEADER, TOOL_CALL_HEADER
+
+
+def is_context(p: inspect.Parameter) -> bool:
+    """Whether a parameter asks for the guard's ``ToolContext``."""
+    return p.annotation in (ToolContext, "ToolContext")
+
+
+class Signature:
+    """A task function's signature and its ``ToolContext`` parameters, computed once."""
+
+    def __init__(self, fn: Any) -> None:
+        self.signature = inspect.signature(fn)
+        self.context_params = tuple(n for n, p in self.signature.parameters.items() if is_context(p))
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by name (for the idempotency key function)."""
+        try:
+            bound = self.signature.bind_partial(*args, **kwargs)
+        except TypeError:
+            return dict(kwargs)
+        return {k: v for k, v in bound.arguments.items() if not isinstance(v, ToolContext)}
+
+    def with_context(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        """``kwargs`` with ``ctx`` injected; ToolArgsError if the arguments do not fit."""
+        for param in self.context_params:
+            if param not in kwargs:
+                kwargs = {**kwargs, param: ctx}
+        try:
+            self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise ToolArgsError(f"{name}: bad arguments: {e}") from None
+        return kwargs
+
+
+def header_without_context(run: Any) -> Any:
+    """An argument check for Celery's send-time ``__header__`` that does not ask for ``ctx``
+    (the guard injects it)."""
+    fn = run.__func__ if isinstance(run, staticmethod) else run
+    sig = inspect.signature(fn)
+    sig = sig.replace(parameters=[p for p in sig.parameters.values() if not is_context(p)])
+
+    def check_arguments(*args: Any, **kwargs: Any) -> None:
+        sig.bind(*args, **kwargs)
+
+    return check_arguments
+
+
+def aaa_headers(source: Any) -> dict[str, Any]:
+    """The guard's headers of a request (attributes) or of publish options (a dict)."""
+    get = source.get if isinstance(source, dict) else lambda h: getattr(source, h, None)
+    return {h: get(h) for h in HEADERS if get(h)}
+
+
+def default_key(call_id: str, headers: dict[str, Any]) -> str:
+    """The idempotency key without a key function: ``<run>/<tool call id>`` for engine
+    calls, else the call id."""
+    if headers.get(RUN_HEADER):
+        return f"{headers[RUN_HEADER]}/{headers.get(TOOL_CALL_HEADER) or call_id}"
+    return call_id
+
+
+def call_spec(name: str, audit_name: str, call_id: str, key: str, args: list[Any], kwargs: dict[str, Any],
+              queue: str | None, headers: dict[str, Any]) -> CallSpec:
+    """The spec the store keeps: enough to republish the call under the same id."""
+    request = {"task": name, "args": args, "kwargs": kwargs, "queue": queue, "headers": headers}
+    return CallSpec(call_id, audit_name, key, request)
+
+
+def context(request: Any, key: str, attempt: int) -> ToolContext:
+    """The ``ctx`` of an attempt, from the Celery request that carries it."""
+    return ToolContext(
+        engine=None,
+        run_id=getattr(request, RUN_HEADER, None) or request.root_id or request.id,
+        call_id=request.id,
+        tool_call_id=getattr(request, TOOL_CALL_HEADER, None),
+        attempt=attempt,
+        fence=attempt,
+        idempotency_key=key,
+        tenant=getattr(request, TENANT_HEADER, None),
+        meta={"task_id": request.id, "hostname": request.hostname, "pid": os.getpid()},
+    )

@@ -1,0 +1,38 @@
+"""The guard's audit events as Celery task events, for monitors such as Flower.
+
+Sent only by workers started with ``-E`` (the recovery bootstep records that in the
+app's ``aaa_task_events`` setting before the pool starts, so prefork children see
+it). The store's audit trail is the record; these never raise.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger("aaa_celery.worker")
+
+#: The app setting that says whether this worker sends task events.
+TASK_EVENTS_SETTING = "aaa_task_events"
+
+
+def celery_event_type(audit_type: str) -> str:
+    """The Celery event type of an audit event: ``aaa.tool.started`` -> ``task-aaa-tool-started``."""
+    return "task-" + audit_type.replace(".", "-")
+
+
+class TaskEvents:
+    """Sends one task's audit events (a no-op on workers without ``-E``)."""
+
+    def __init__(self, task: Any, tool: str) -> None:
+        self.task, self.tool = task, tool
+        self.enabled = bool(task.app.conf.get(TASK_EVENTS_SETTING))
+
+    def __call__(self, audit_type: str, attempt: int | None, **fields: Any) -> None:
+        if not self.enabled:
+            return
+        try:
+            self.task.send_event(celery_event_type(audit_type), retry=False, aaa_type=audit_type,
+                                 tool=self.tool, attempt=attempt, **fields)
+        except Exception as e:  # noqa: BLE001
+            log.warning("aaa: could not send the %s task event: %s", audit_type, e)

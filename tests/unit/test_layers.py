@@ -1,0 +1,54 @@
+"""The package's structure: layers that only look down, and no side effects at import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_import_linter_contracts_hold():
+    """Every rule of DESIGN.md §7 is an import-linter contract in pyproject.toml; a
+    back-arrow (a store importing Celery, runtime importing a store, testing importing
+    chaos, a cycle in the worker) breaks one."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports; "
+         "sys.exit(lint_imports(no_cache=True))"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "0 broken" in done.stdout
+
+
+def test_importing_the_pure_modules_loads_no_celery_and_connects_nothing():
+    code = (
+        "import sys\n"
+        "import aaa_celery, aaa_celery.lifecycle, aaa_celery.config, aaa_celery.protocol, aaa_celery.guard\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('celery', 'kombu', 'billiard'))\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_importing_the_worker_side_connects_no_signal_until_attached():
+    code = (
+        "from celery import signals\n"
+        "import aaa_celery.worker, aaa_celery.tools, aaa_celery.runtime, aaa_celery.testing\n"
+        "names = ('worker_process_init', 'worker_ready', 'worker_init', 'task_prerun', 'before_task_publish')\n"
+        "connected = {n: len(getattr(signals, n).receivers) for n in names}\n"
+        "assert not any(connected.values()), connected\n"
+        "from celery import Celery\n"
+        "from aaa_celery import GuardedTask\n"
+        "app = Celery('t', broker='memory://', set_as_current=False)\n"
+        "app.conf.aaa_store_url = 'memory://'\n"
+        "@app.task(base=GuardedTask, shared=False, name='t')\n"
+        "def t(x): return x\n"
+        "app.finalize()\n"
+        "app.tasks['t']\n"
+        "assert len(signals.worker_process_init.receivers) == 1, signals.worker_process_init.receivers\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
