@@ -1,8 +1,9 @@
 """The engine shim that drives agent runs and maps Celery results onto facts."""
 
 from .approvals import APPROVAL_DENIED, APPROVAL_GRANTED, PendingApproval
-from .engine import Engine, RunHandle, RunOutcome
+from .engine import Engine
 from .results import ToolFact
+from .run import RunHandle, RunOutcome
 from .sync import SyncEngine, SyncRunHandle
 
 __all__ = [

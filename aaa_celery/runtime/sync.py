@@ -29,7 +29,8 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from .approvals import APPROVAL_DENIED, APPROVAL_GRANTED, PendingApproval
-from .engine import Engine, RunHandle, RunOutcome
+from .engine import Engine
+from .run import RunHandle, RunOutcome
 
 T = TypeVar("T")
 

@@ -1,0 +1,98 @@
+"""The engine's tool executor: the merged tools of every attached handler, their pools'
+bounds, and sending a call to the fleet and waiting for its fact."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+from celery import Celery
+
+from ..errors import ConfigError
+from ..protocol import RUN_HEADER, TENANT_HEADER, TOOL_CALL_HEADER, task_name
+from ..tools.handler import ToolHandler
+from ..tools.registry import ToolRegistry
+from ..tools.tool import Tool
+from .results import ToolFact, fact_from_celery
+
+#: The concurrency of a pool that no handler sized (``ToolHandler(pools=...)``).
+DEFAULT_POOL_SIZE = 8
+
+
+class ToolExecutor:
+    """One per engine: the merged tools of every attached handler, and how calls are sent.
+
+    Each pool lets at most ``pool_sizes[pool]`` calls be in flight at once.
+    """
+
+    def __init__(self, app: Celery, *, embedded: bool, poll_s: float) -> None:
+        self.app, self.embedded, self.poll_s = app, embedded, poll_s
+        self.registry = ToolRegistry()
+        self.handlers: dict[str, ToolHandler] = {}
+        self.pool_sizes: dict[str, int] = {}
+        self._limits: dict[str, asyncio.Semaphore] = {}
+
+    def add(self, handler: ToolHandler) -> list[Tool]:
+        """Merge ``handler``'s tools (the first handler to size a pool sets its bound)."""
+        handler.check()
+        added = []
+        for t in handler.registry:
+            existing = self.registry.get(t.name)
+            if existing is not None and existing is not t:
+                raise ConfigError(
+                    f"attach(): tool name {t.name!r} is already taken on this engine by a different "
+                    "tool; rename one with @tool(name=...)"
+                )
+            if existing is None:
+                self.registry.add(t)
+                self.handlers[t.name] = handler
+                added.append(t)
+        for pool, size in handler.pools.items():
+            self.pool_sizes.setdefault(pool, size)
+        for t in handler.registry:
+            self.pool_sizes.setdefault(t.pool, DEFAULT_POOL_SIZE)
+        return added
+
+    def new_loop(self) -> None:
+        """The runs moved to another event loop: the pools' semaphores start afresh there."""
+        self._limits = {}
+
+    def _limit(self, pool: str) -> asyncio.Semaphore:
+        limit = self._limits.get(pool)
+        if limit is None:
+            limit = self._limits[pool] = asyncio.Semaphore(self.pool_sizes.get(pool, DEFAULT_POOL_SIZE))
+        return limit
+
+    def _shorten(self, t: Tool, fact: ToolFact) -> ToolFact:
+        """Apply the handler's ``GuardPolicy.max_result_chars`` to a text result."""
+        limit = self.handlers[t.name].guards.max_result_chars
+        if not (fact.ok and limit and isinstance(fact.value, str) and len(fact.value) > limit):
+            return fact
+        return dataclasses.replace(fact, value=fact.value[: limit - 1] + "…")
+
+    async def send(self, run_id: str, tenant: str | None, call_id: str, tool_call_id: str, t: Tool,
+                   arguments: dict[str, Any]) -> ToolFact:
+        """Send one call as a guarded task (within its pool's bound) and wait for its fact."""
+        task = self.app.tasks[task_name(t.name)]
+        headers = {RUN_HEADER: run_id, TOOL_CALL_HEADER: tool_call_id}
+        if tenant:
+            headers[TENANT_HEADER] = tenant
+        async with self._limit(t.pool):
+            result = await asyncio.to_thread(
+                task.apply_async, kwargs={"arguments": arguments}, task_id=call_id, headers=headers
+            )
+            return self._shorten(t, await self._wait(result, call_id, t.name))
+
+    async def _wait(self, result: Any, call_id: str, name: str) -> ToolFact:
+        def read() -> ToolFact | None:
+            return fact_from_celery(call_id, name, result.state, result.result)
+
+        delay = self.poll_s
+        while True:
+            # the in-memory backend answers at once; a real one is read off the loop
+            fact = read() if self.embedded else await asyncio.to_thread(read)
+            if fact is not None:
+                return fact
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
