@@ -10,8 +10,9 @@ import inspect
 import os
 from typing import Any
 
+from celery.utils.functional import head_from_fun
+
 from ..context import ToolContext
-from ..errors import ToolArgsError
 from ..lifecycle import CallSpec
 from ..protocol import HEADERS, RUN_HEADER, TENANT_HEADER, TOOL_CALL_HEADER
 
@@ -36,29 +37,33 @@ class Signature:
             return dict(kwargs)
         return {k: v for k, v in bound.arguments.items() if not isinstance(v, ToolContext)}
 
-    def with_context(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
-        """``kwargs`` with ``ctx`` injected; ToolArgsError if the arguments do not fit."""
+    def with_context(self, kwargs: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+        """``kwargs`` with ``ctx`` injected where the function asks for it. Arguments that
+        do not fit raise the function's own ``TypeError``, as in plain Celery."""
         for param in self.context_params:
             if param not in kwargs:
                 kwargs = {**kwargs, param: ctx}
-        try:
-            self.signature.bind(*args, **kwargs)
-        except TypeError as e:
-            raise ToolArgsError(f"{name}: bad arguments: {e}") from None
         return kwargs
 
 
-def header_without_context(run: Any) -> Any:
-    """An argument check for Celery's send-time ``__header__`` that does not ask for ``ctx``
-    (the guard injects it)."""
+def header_without_context(run: Any) -> Any | None:
+    """Celery's send-time argument check (``__header__``) for a task function that asks for
+    a ``ctx`` (the guard injects it), or None if it does not. Built by Celery's own
+    ``head_from_fun`` from the signature less ``ctx``, so its arity, and ``bind=True``
+    (``run`` is then the plain function), are what Celery would make."""
+    bound = not isinstance(run, staticmethod)
     fn = run.__func__ if isinstance(run, staticmethod) else run
     sig = inspect.signature(fn)
-    sig = sig.replace(parameters=[p for p in sig.parameters.values() if not is_context(p)])
+    kept = [p for p in sig.parameters.values() if not is_context(p)]
+    if len(kept) == len(sig.parameters):
+        return None
 
-    def check_arguments(*args: Any, **kwargs: Any) -> None:
-        sig.bind(*args, **kwargs)
+    def proxy(*args: Any, **kwargs: Any) -> None:  # pragma: no cover - only its signature is read
+        return None
 
-    return check_arguments
+    proxy.__signature__ = sig.replace(parameters=kept)  # type: ignore[attr-defined]
+    proxy.__name__, proxy.__module__ = fn.__name__, fn.__module__
+    return head_from_fun(proxy, bound=bound)
 
 
 def aaa_headers(source: Any) -> dict[str, Any]:

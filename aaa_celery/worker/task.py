@@ -64,7 +64,9 @@ class GuardedTask(Task):  # type: ignore[misc]
         if "run" in cls.__dict__ and "__header__" in cls.__dict__:
             # Celery checks a call's arguments against the function when it is sent;
             # ``ctx`` is the guard's to inject, so the check must not ask for it.
-            cls.__header__ = staticmethod(calls.header_without_context(cls.__dict__["run"]))
+            header = calls.header_without_context(cls.__dict__["run"])
+            if header is not None:
+                cls.__header__ = staticmethod(header)
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -121,7 +123,7 @@ class GuardedTask(Task):  # type: ignore[misc]
     # -- running --------------------------------------------------------------
     def body(self, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: ToolContext) -> Any:
         """Call the task function, injecting ``ctx`` if it declares one."""
-        return self.run(*args, **self.signature_.with_context(self.name, args, kwargs, ctx))
+        return self.run(*args, **self.signature_.with_context(kwargs, ctx))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         req = self.request

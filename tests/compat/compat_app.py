@@ -1,0 +1,54 @@
+"""One Celery app, run plain or with every task guarded, for the compatibility tests.
+
+``AAA_COMPAT_GUARDED=1`` makes ``GuardedTask`` the app's ``task_cls``, so the very same
+task definitions run guarded; otherwise every task is a plain ``acks_late`` task. The
+tests assert the same observable behaviour in both modes.
+
+- ``AAA_COMPAT_BROKER``: broker, result backend and store (a Redis URL).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from celery import Celery
+
+
+def make_app(env: Mapping[str, str]) -> Celery:
+    broker = env["AAA_COMPAT_BROKER"]
+    guarded = env.get("AAA_COMPAT_GUARDED") == "1"
+    app = Celery("compat_app", broker=broker, backend=broker,
+                 task_cls="aaa_celery.worker:GuardedTask" if guarded else "celery.app.task:Task")
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        result_expires=600,
+        aaa_guard={"lease_ttl_s": 3, "wait_poll_s": 0.25},
+        aaa_recovery_interval_s=1,
+    )
+
+    @app.task(bind=True, shared=False, name="compat.whoami")
+    def whoami(self: Any, x: int) -> dict[str, Any]:
+        return {"id": self.request.id, "x": x, "retries": self.request.retries}
+
+    @app.task(shared=False, name="compat.add")
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    @app.task(shared=False, name="compat.rich")
+    def rich() -> dict[str, Any]:
+        return {"when": dt.datetime(2026, 1, 2, 3, 4, 5), "amount": decimal.Decimal("12.50")}
+
+    return app
+
+
+app = make_app(os.environ) if "AAA_COMPAT_BROKER" in os.environ else None
