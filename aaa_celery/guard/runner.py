@@ -22,6 +22,7 @@ Celery) maps the last two onto its framework. Nothing here imports Celery.
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,18 +78,41 @@ def _no_emit(audit_type: str, attempt: int | None, **fields: Any) -> None:
     return None
 
 
+class Codec(Protocol):
+    """How a body's value is kept in the store: ``encode`` makes it JSON data (or raises
+    ``TypeError``/``ValueError``), ``decode`` gives back the value a caller sees."""
+
+    def encode(self, value: Any) -> Any: ...
+
+    def decode(self, stored: Any) -> Any: ...
+
+
+class PlainJSON:
+    """Values that are JSON data already (the default)."""
+
+    def encode(self, value: Any) -> Any:
+        return value
+
+    def decode(self, stored: Any) -> Any:
+        return stored
+
+
 def error_for(outcome: Outcome) -> BaseException:
-    """The exception a failed outcome raises for a caller."""
+    """The exception a failed outcome raises for a caller: the recorded type when it is
+    one of ours or a builtin exception, else a ``ToolError`` naming it."""
     cls = TOOL_ERRORS.get(outcome.error or "")
     if cls is not None:
         return cls(outcome.message)
+    builtin = getattr(builtins, outcome.error or "", None)
+    if isinstance(builtin, type) and issubclass(builtin, Exception):
+        return builtin(outcome.message)
     return ToolError(f"{outcome.error}: {outcome.message}")
 
 
-def answer(outcome: Outcome) -> Any:
+def answer(outcome: Outcome, codec: Codec | None = None) -> Any:
     """The recorded outcome as a caller sees it: its value, or its error raised."""
     if outcome.ok:
-        return outcome.value
+        return outcome.value if codec is None else codec.decode(outcome.value)
     raise error_for(outcome)
 
 
@@ -107,6 +131,7 @@ class GuardRunner:
         timeout_s: bound on the body's run time, or None.
         result_retry: how ``finish`` is retried while the store is down.
         emit: sends audit events to monitors (Celery task events, for instance).
+        codec: how values are kept in the store (the app's result serializer, for Celery).
     """
 
     store: Store
@@ -114,6 +139,7 @@ class GuardRunner:
     timeout_s: float | None = None
     result_retry: RetryPolicy = RetryPolicy()
     emit: Emit = _no_emit
+    codec: Codec = PlainJSON()
 
     def run(self, call: CallSpec, worker: str, body: Body) -> Any:
         """One delivery of ``call`` by ``worker``: claim, run, record, answer."""
@@ -129,7 +155,7 @@ class GuardRunner:
                 self.emit(STARTED, decision.lease.attempt, worker=worker)
                 return self.attempt(call, decision.lease, body)
             if isinstance(decision, Finished):
-                return answer(decision.result)
+                return answer(decision.result, self.codec)
             if isinstance(decision, Refused):
                 refusal = decision.result
                 self.emit(refusal.event_type, refusal.attempt, error=refusal.error, message=refusal.message)
@@ -142,9 +168,12 @@ class GuardRunner:
     def attempt(self, call: CallSpec, lease: Lease, body: Body) -> Any:
         """Run a claimed attempt under its watchdog and record its outcome."""
         error: BaseException | None = None
+        value: Any = None
         try:
             value = Watchdog(self.store, lease, self.config, self.timeout_s).run(lambda: body(lease.attempt))
-            outcome = Outcome.success(value, lease.attempt)
+            outcome = self._success(call, value, lease.attempt)
+            if not outcome.ok:
+                error = TypeError(outcome.message)
         except LeaseCancelled:
             self.store.fenced(lease)
             self.emit(FENCED, lease.attempt, worker=lease.worker)
@@ -162,7 +191,17 @@ class GuardRunner:
         self.emit(outcome.event_type, lease.attempt, worker=lease.worker, **extra)
         if error is not None:
             raise error
-        return outcome.value
+        return value
+
+    def _success(self, call: CallSpec, value: Any, attempt: int) -> Outcome:
+        """The outcome of a body that returned ``value``: a value the store cannot keep
+        fails the call once, naming its type, and is never run again."""
+        try:
+            return Outcome.success(self.codec.encode(value), attempt)
+        except (TypeError, ValueError, OverflowError) as e:
+            message = (f"{call.name or call.call_id}: the result, of type {type(value).__name__}, "
+                       f"cannot be serialized for the result store: {e}")
+            return Outcome.failure("TypeError", message, attempt)
 
     def finish(self, lease: Lease, outcome: Outcome) -> Any:
         """Record the outcome, retrying with backoff while the store is unreachable."""

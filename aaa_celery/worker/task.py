@@ -21,6 +21,7 @@ from ..context import ToolContext
 from ..guard import Dropped, GuardRunner, HandBack, run_unguarded
 from ..lifecycle import CallSpec
 from . import calls
+from .codec import CODEC
 from .events import TaskEvents
 from .install import attach
 from .options import TaskOptions
@@ -140,7 +141,7 @@ class GuardedTask(Task):  # type: ignore[misc]
         call = calls.call_spec(self.name, self.audit_name or self.name, req.id, key, list(args), dict(kwargs),
                                queue, headers)
         runner = GuardRunner(app_store(self.app), config, self.timeout_s, type(self).result_retry,
-                             TaskEvents(self, self.audit_name or self.name))
+                             TaskEvents(self, self.audit_name or self.name), CODEC)
         worker = f"{req.hostname}/{os.getpid()}/{threading.get_ident()}"
         try:
             return runner.run(call, worker, lambda attempt: self.body(args, kwargs, calls.context(req, key, attempt)))

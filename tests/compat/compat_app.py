@@ -48,6 +48,10 @@ def make_app(env: Mapping[str, str]) -> Celery:
     def rich() -> dict[str, Any]:
         return {"when": dt.datetime(2026, 1, 2, 3, 4, 5), "amount": decimal.Decimal("12.50")}
 
+    @app.task(shared=False, name="compat.opaque")
+    def opaque() -> Any:
+        return object()
+
     return app
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import time
 
 import pytest
 
@@ -46,3 +47,38 @@ def test_a_message_with_bad_arguments_fails_in_the_worker_with_type_error(compat
     with pytest.raises(TypeError):
         result.get(timeout=20)
 
+
+
+def test_a_result_kombu_s_json_encodes_comes_back_as_in_plain_celery(compat):
+    """Reproduced on 702d210: a ``datetime``/``Decimal`` result failed with ``TypeError`` under
+    the guard, the lease lapsed, and recovery ran the body again until ``ExecutionAbandoned``."""
+    result = compat.app.tasks["compat.rich"].delay()
+    value = result.get(timeout=20)
+    assert value == {"when": dt.datetime(2026, 1, 2, 3, 4, 5), "amount": decimal.Decimal("12.50")}
+    if compat.guarded:
+        from aaa_celery.worker import app_store
+
+        store = app_store(compat.app)
+        recorded = store.result(result.id)
+        assert recorded is not None and recorded.ok and recorded.attempt == 1
+        # a second delivery answers with the recorded value, decoded as kombu would
+        from aaa_celery.testing import duplicate_delivery
+
+        again = duplicate_delivery(compat.app, result.id, "compat.rich", [])
+        assert again.get(timeout=20) == value
+        assert [e.type for e in store.events(result.id)].count("aaa.tool.started") == 1
+
+
+def test_a_result_nothing_can_serialize_fails_the_call_once_naming_its_type(compat):
+    if not compat.guarded:
+        pytest.skip("the guard's own promise: plain Celery fails in its result backend")
+    from aaa_celery.worker import app_store
+
+    result = compat.app.tasks["compat.opaque"].delay()
+    with pytest.raises(TypeError, match="of type object, cannot be serialized"):
+        result.get(timeout=20)
+    store = app_store(compat.app)
+    recorded = store.result(result.id)
+    assert recorded is not None and recorded.error == "TypeError" and recorded.attempt == 1
+    time.sleep(4.5)  # past the lease TTL (3 s) and a recovery sweep: nothing runs it again
+    assert [e.type for e in store.events(result.id)] == ["aaa.tool.started", "aaa.tool.failed"]
