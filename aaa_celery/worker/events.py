@@ -1,8 +1,17 @@
-"""The guard's audit events as Celery task events, for monitors such as Flower.
+"""The guard's audit events as Celery events, for monitors such as Flower.
 
 Sent only by workers started with ``-E`` (the recovery bootstep records that in the
 app's ``aaa_task_events`` setting before the pool starts, so prefork children see
 it). The store's audit trail is the record; these never raise.
+
+Their type is ``aaa-tool-<kind>`` (group ``aaa``), never ``task-...``: Celery's event
+state (``celery.events.state.State``, which Flower builds on) takes every ``task-*``
+event for a state change of the task and copies its fields onto it, so an audit event
+there would overwrite the task's state and its ``worker``. ``State`` ignores the
+``aaa`` group (register ``state.handlers["aaa"]`` to see it); ``celery events --dump``
+and event receivers get every one. Each carries the task id as ``uuid`` and its own
+fields under an ``aaa_`` prefix: ``aaa_type``, ``aaa_tool``, ``aaa_attempt`` and, as
+the case may be, ``aaa_worker``, ``aaa_error``, ``aaa_message``.
 """
 
 from __future__ import annotations
@@ -17,8 +26,8 @@ TASK_EVENTS_SETTING = "aaa_task_events"
 
 
 def celery_event_type(audit_type: str) -> str:
-    """The Celery event type of an audit event: ``aaa.tool.started`` -> ``task-aaa-tool-started``."""
-    return "task-" + audit_type.replace(".", "-")
+    """The Celery event type of an audit event: ``aaa.tool.started`` -> ``aaa-tool-started``."""
+    return audit_type.replace(".", "-")
 
 
 class TaskEvents:
@@ -33,6 +42,7 @@ class TaskEvents:
             return
         try:
             self.task.send_event(celery_event_type(audit_type), retry=False, aaa_type=audit_type,
-                                 tool=self.tool, attempt=attempt, **fields)
+                                 aaa_tool=self.tool, aaa_attempt=attempt,
+                                 **{f"aaa_{k}": v for k, v in fields.items()})
         except Exception as e:  # noqa: BLE001
             log.warning("aaa: could not send the %s task event: %s", audit_type, e)

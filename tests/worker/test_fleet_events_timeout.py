@@ -1,4 +1,4 @@
-"""``aaa.tool.*`` audit events as Celery task events (``celery worker -E``), and
+"""``aaa.tool.*`` audit events as Celery events (``celery worker -E``), and
 ``timeout_s`` on real ``celery worker`` processes over Redis."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class EventLog:
             self.receiver.on_consume_ready = lambda *a, **kw: self.ready.set()
             self.receiver.capture(limit=None, timeout=None, wakeup=False)
 
-    def of(self, task_id: str, prefix: str = "task-aaa-") -> list[dict]:
+    def of(self, task_id: str, prefix: str = "aaa-") -> list[dict]:
         return [e for e in list(self.events) if e.get("uuid") == task_id and e["type"].startswith(prefix)]
 
     def stop(self) -> None:
@@ -52,14 +52,16 @@ def test_audit_events_reach_celery_event_receivers_on_workers_started_with_E(fle
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not all(len(log.of(r.id)) >= 2 for r in (ok, echo, bad)):
             time.sleep(0.1)
-        for result, tool, last in ((ok, "fleet.quick", "task-aaa-tool-completed"),
-                                   (echo, "echo", "task-aaa-tool-completed"),
-                                   (bad, "fleet.fail", "task-aaa-tool-failed")):
+        for result, tool, last in ((ok, "fleet.quick", "aaa-tool-completed"),
+                                   (echo, "echo", "aaa-tool-completed"),
+                                   (bad, "fleet.fail", "aaa-tool-failed")):
             got = log.of(result.id)
-            assert [e["type"] for e in got] == ["task-aaa-tool-started", last], got
-            assert all(e["tool"] == tool and e["attempt"] == 1 and e["hostname"] for e in got)
+            assert [e["type"] for e in got] == ["aaa-tool-started", last], got
+            assert all(e["aaa_tool"] == tool and e["aaa_attempt"] == 1 and e["hostname"] for e in got)
             assert [e["aaa_type"] for e in got] == types(f.store, result.id)
-        assert log.of(bad.id)[-1]["error"] == "ToolError"
+            # nothing that Celery's event state owns for a task is in them
+            assert not any({"worker", "state", "name", "result"} & set(e) for e in got), got
+        assert log.of(bad.id)[-1]["aaa_error"] == "ToolError"
         # Celery's own task events still flow (the worker runs with -E)
         assert any(e["type"] == "task-succeeded" and e.get("uuid") == ok.id for e in log.events)
     finally:
@@ -73,7 +75,7 @@ def test_workers_without_E_send_no_aaa_task_events(fleet):
         ok = f.client.tasks["fleet.quick"].delay(1)
         assert ok.get(timeout=15) == 2
         time.sleep(1.0)
-        assert log.of(ok.id, prefix="task-") == []
+        assert log.of(ok.id, prefix="") == []  # neither Celery's task events nor ours
         assert types(f.store, ok.id) == [STARTED, COMPLETED]
     finally:
         log.stop()
