@@ -1,8 +1,13 @@
 """The pure state machine of one tool call: no I/O, no Celery.
 
 Every store reads a call's state, asks these functions what to do, and applies
-the answer atomically. The Redis store mirrors them in Lua (it must decide in
-one round trip); the conformance suite proves that every store decides alike.
+the answer atomically. ``plan_begin``/``plan_finish``/``plan_fenced``/``plan_release``
+return the decision as :class:`Writes`: the reply and every payload to write (the
+lease, the one result, the audit event with its id and data). The memory and SQL
+stores apply them through one shared step (``stores/_writes.py``); the Redis store
+gets the same payloads from these functions as script arguments, and its Lua only
+mirrors the decision (it must decide in one round trip). The conformance suite and
+the property test (``tests/stores``) prove that every store decides alike.
 
     NEW --begin--> RUNNING(n) --finish(n)--> COMPLETED | FAILED
                      | lease lapses / holder dies
@@ -46,6 +51,14 @@ class CallSpec:
     @classmethod
     def from_json(cls, raw: str | bytes) -> CallSpec:
         return cls(**json.loads(raw))
+
+
+def merge_spec(stored: CallSpec | None, incoming: CallSpec) -> CallSpec:
+    """The spec a store keeps for a call once ``incoming`` arrives: the first one it
+    saw, unless ``incoming`` brings the request (how to republish) that it lacks."""
+    if stored is None or (incoming.request and not stored.request):
+        return incoming
+    return stored
 
 
 @dataclass(frozen=True)
@@ -153,6 +166,58 @@ def result_data(call: CallSpec, outcome: Outcome) -> dict[str, Any]:
     return data
 
 
+# -- Audit events, as lifecycle writes them --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Draft:
+    """An audit event before a store writes it: all of :class:`Event` but ``at``, the
+    time the store stamps on it with its own clock (Redis: the server's)."""
+
+    id: str
+    type: str
+    call_id: str
+    attempt: int
+    data: dict[str, Any]
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Draft:
+        return cls(**json.loads(raw))
+
+    def stamp(self, at: float) -> Event:
+        return Event(self.id, self.type, self.call_id, self.attempt, self.data, at)
+
+
+def _draft(call_id: str, kind: str, attempt: int, data: dict[str, Any]) -> Draft:
+    return Draft(event_id(call_id, kind, attempt), kind, call_id, attempt, data)
+
+
+def started_event(call: CallSpec, attempt: int, worker: str) -> Draft:
+    """``aaa.tool.started`` of attempt ``attempt`` (id ``<call>:attempt:<n>``)."""
+    return _draft(call.call_id, STARTED, attempt, started_data(call, attempt, worker))
+
+
+def result_event(call: CallSpec, outcome: Outcome) -> Draft:
+    """``aaa.tool.completed`` / ``aaa.tool.failed``: the call's one result (id ``<call>:result``)."""
+    return _draft(call.call_id, outcome.event_type, outcome.attempt, result_data(call, outcome))
+
+
+def stale_event(call: CallSpec, outcome: Outcome) -> Draft:
+    """``aaa.tool.stale_result``: a result that was not applied, kept for audit."""
+    return _draft(call.call_id, STALE_RESULT, outcome.attempt, result_data(call, outcome))
+
+
+def fenced_event(lease: Lease) -> Draft:
+    """``aaa.tool.fenced``: an attempt that lost its lease and was cancelled."""
+    return _draft(lease.call_id, FENCED, lease.attempt, fenced_data(lease))
+
+
+# -- Replies ---------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Claimed:
     lease: Lease
@@ -198,13 +263,22 @@ class Stale:
 FinishResult = Accepted | Stale
 
 
+# -- Decisions -------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class CallState:
-    """What ``begin``/``finish`` need to know of a call, read atomically by a store."""
+    """What ``begin``/``finish`` need to know of a call, read atomically by a store.
+
+    ``holder`` and ``expires_at`` describe the live lease (``holder_live``): the
+    worker that holds it and when it lapses (None for a lease bound to a session).
+    """
 
     attempts: int = 0
     result: Outcome | None = None
     holder_live: bool = False
+    holder: str = ""
+    expires_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -214,27 +288,27 @@ class BeginDecision:
     refusal: Outcome | None = None
 
 
+def attempt_cap(config: GuardConfig) -> int:
+    """The attempt count from which a call whose lease lapsed is refused: ``max_attempts``,
+    or 1 under at_most_once (any started attempt ends the call)."""
+    return 1 if config.delivery is Delivery.AT_MOST_ONCE else config.max_attempts
+
+
+def refusal(attempts: int, config: GuardConfig) -> Outcome:
+    """The failure recorded for a call refused after ``attempts`` lost attempts."""
+    if config.delivery is Delivery.AT_MOST_ONCE:
+        return Outcome.failure("OutcomeUnknown", OUTCOME_UNKNOWN_MESSAGE, attempts)
+    return Outcome.failure("ExecutionAbandoned", ABANDONED_MESSAGE.format(attempts=attempts), attempts)
+
+
 def decide_begin(state: CallState, config: GuardConfig) -> BeginDecision:
     """Decide what a delivery of a call does: run it, wait, or answer without running."""
     if state.result is not None:
         return BeginDecision("finished")
     if state.holder_live:
         return BeginDecision("busy")
-    if state.attempts == 0:
-        return BeginDecision("claim", attempt=1)
-    if config.delivery is Delivery.AT_MOST_ONCE:
-        return BeginDecision(
-            "refuse", refusal=Outcome.failure("OutcomeUnknown", OUTCOME_UNKNOWN_MESSAGE, state.attempts)
-        )
-    if state.attempts >= config.max_attempts:
-        return BeginDecision(
-            "refuse",
-            refusal=Outcome.failure(
-                "ExecutionAbandoned",
-                ABANDONED_MESSAGE.format(attempts=state.attempts),
-                state.attempts,
-            ),
-        )
+    if state.attempts >= attempt_cap(config):
+        return BeginDecision("refuse", refusal=refusal(state.attempts, config))
     return BeginDecision("claim", attempt=state.attempts + 1)
 
 
@@ -252,3 +326,72 @@ def decide_finish(
     if config.fence_results and state.attempts > attempt:
         return "stale"
     return "accept"
+
+
+# -- Decisions as writes -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Writes:
+    """A decision as a store applies it, in one atomic step, then answers ``reply``.
+
+    Each field is one write; the store applies those that are set, in this order:
+
+    - ``claim``: the attempt counter becomes ``claim.attempt`` and ``claim`` becomes the
+      call's lease; any recovery hold ends (a later crash may be recovered at once).
+    - ``record``: the call's one result. It frees the call's lease, whoever holds it,
+      and takes the call out of recovery.
+    - ``event``: append this audit event, stamped with the store's clock, unless an
+      event with its id exists.
+    - ``let_go``: free the lease if the lease with this token still holds the call.
+    """
+
+    reply: BeginResult | FinishResult | None = None
+    claim: Lease | None = None
+    record: Outcome | None = None
+    event: Draft | None = None
+    let_go: str | None = None
+
+
+def plan_begin(
+    state: CallState, call: CallSpec, worker: str, config: GuardConfig, token: str, now: float | None
+) -> Writes:
+    """A delivery of ``call`` (the spec the store keeps) to ``worker``, as writes.
+
+    A claim's lease gets ``token``, and lapses ``config.lease_ttl_s`` after ``now``
+    (``now`` None: the lease is bound to a session and has no expiry).
+    """
+    decision = decide_begin(state, config)
+    if decision.kind == "finished":
+        assert state.result is not None
+        return Writes(Finished(state.result))
+    if decision.kind == "busy":
+        return Writes(Busy(state.holder, state.expires_at))
+    if decision.kind == "refuse":
+        assert decision.refusal is not None
+        failure = decision.refusal
+        return Writes(Refused(failure), record=failure, event=result_event(call, failure))
+    ttl_s = config.lease_ttl_s
+    lease = Lease(call.call_id, decision.attempt, worker, token, ttl_s, None if now is None else now + ttl_s)
+    return Writes(Claimed(lease), claim=lease, event=started_event(call, decision.attempt, worker))
+
+
+def plan_finish(state: CallState, call: CallSpec, lease: Lease, outcome: Outcome, config: GuardConfig) -> Writes:
+    """``lease``'s attempt reporting ``outcome`` for ``call`` (the spec the store keeps), as writes."""
+    outcome = stamped(outcome, lease.attempt)
+    verdict = decide_finish(state, outcome, config)
+    if verdict == "accept":
+        return Writes(Accepted(outcome), record=outcome, event=result_event(call, outcome))
+    if verdict == "again":
+        return Writes(Accepted(outcome))
+    return Writes(Stale(state.result), event=stale_event(call, outcome), let_go=lease.token)
+
+
+def plan_fenced(lease: Lease) -> Writes:
+    """``lease``'s attempt lost its lease and was cancelled: audit it, and let the lease go."""
+    return Writes(event=fenced_event(lease), let_go=lease.token)
+
+
+def plan_release(lease: Lease) -> Writes:
+    """``lease``'s holder gives the lease back without a result (the attempt counts as lost)."""
+    return Writes(let_go=lease.token)
