@@ -9,30 +9,21 @@ from dataclasses import dataclass, field, replace
 
 from ..config import GuardConfig
 from ..lifecycle import (
-    FENCED,
-    STALE_RESULT,
-    STARTED,
-    Accepted,
     BeginResult,
-    Busy,
     CallSpec,
     CallState,
-    Claimed,
+    Draft,
     Event,
-    Finished,
     FinishResult,
     Lease,
     Outcome,
-    Refused,
-    Stale,
-    decide_begin,
-    decide_finish,
-    event_id,
-    fenced_data,
-    result_data,
-    stamped,
-    started_data,
+    merge_spec,
+    plan_begin,
+    plan_fenced,
+    plan_finish,
+    plan_release,
 )
+from ._writes import CallWriter, apply
 from .base import Store, new_token
 
 
@@ -45,6 +36,40 @@ class _Call:
     lease: Lease | None = None
     events: list[Event] = field(default_factory=list)
     recovery_until: float = 0.0
+
+    def live(self, now: float) -> bool:
+        return self.lease is not None and (self.lease.expires_at or 0) > now
+
+    def state(self, now: float) -> CallState:
+        if not self.live(now):
+            return CallState(self.attempts, self.result)
+        assert self.lease is not None
+        return CallState(self.attempts, self.result, True, self.lease.worker, self.lease.expires_at)
+
+
+@dataclass
+class _Writer(CallWriter):
+    """A call's record, written at ``now``."""
+
+    call: _Call
+    now: float
+
+    def claim(self, lease: Lease) -> None:
+        self.call.attempts = lease.attempt
+        self.call.lease = lease
+        self.call.recovery_until = 0.0
+
+    def record(self, outcome: Outcome) -> None:
+        self.call.result = outcome
+        self.call.lease = None
+
+    def append(self, event: Draft) -> None:
+        if all(e.id != event.id for e in self.call.events):
+            self.call.events.append(event.stamp(self.now))
+
+    def let_go(self, token: str) -> None:
+        if self.call.lease is not None and self.call.lease.token == token:
+            self.call.lease = None
 
 
 class MemoryStore(Store):
@@ -65,97 +90,43 @@ class MemoryStore(Store):
         call = self._calls.get(spec.call_id)
         if call is None:
             call = self._calls[spec.call_id] = _Call(spec, self.now())
-        elif spec.request and not call.spec.request:
-            call.spec = spec
+        call.spec = merge_spec(call.spec, spec)
         return call
-
-    def _live(self, call: _Call, now: float) -> bool:
-        return call.lease is not None and (call.lease.expires_at or 0) > now
-
-    def _state(self, call: _Call, now: float) -> CallState:
-        return CallState(call.attempts, call.result, self._live(call, now))
-
-    def _event(self, call: _Call, kind: str, attempt: int, data: dict) -> None:
-        eid = event_id(call.spec.call_id, kind, attempt)
-        if any(e.id == eid for e in call.events):
-            return
-        call.events.append(Event(eid, kind, call.spec.call_id, attempt, data, self.now()))
-
-    def _record(self, call: _Call, outcome: Outcome) -> None:
-        call.result = outcome
-        call.lease = None
-        self._event(call, outcome.event_type, outcome.attempt, result_data(call.spec, outcome))
 
     def begin(self, call: CallSpec, worker: str, config: GuardConfig) -> BeginResult:
         with self._lock:
             now = self.now()
             rec = self._call(call)
-            decision = decide_begin(self._state(rec, now), config)
-            if decision.kind == "finished":
-                assert rec.result is not None
-                return Finished(rec.result)
-            if decision.kind == "busy":
-                assert rec.lease is not None
-                return Busy(rec.lease.worker, rec.lease.expires_at)
-            if decision.kind == "refuse":
-                assert decision.refusal is not None
-                self._record(rec, decision.refusal)
-                return Refused(decision.refusal)
-            rec.attempts = decision.attempt
-            rec.recovery_until = 0.0  # claimed: a later crash may be recovered at once
-            rec.lease = Lease(
-                call.call_id, decision.attempt, worker, new_token(), config.lease_ttl_s,
-                now + config.lease_ttl_s,
-            )
-            self._event(rec, STARTED, decision.attempt, started_data(rec.spec, decision.attempt, worker))
-            return Claimed(rec.lease)
-
-    def _holds(self, lease: Lease) -> _Call | None:
-        rec = self._calls.get(lease.call_id)
-        if rec is None or rec.lease is None or rec.lease.token != lease.token:
-            return None
-        return rec
+            writes = plan_begin(rec.state(now), rec.spec, worker, config, new_token(), now)
+            return apply(writes, _Writer(rec, now))
 
     def renew(self, lease: Lease) -> bool:
         with self._lock:
             now = self.now()
-            rec = self._holds(lease)
-            if rec is None or rec.lease is None or not self._live(rec, now):
+            rec = self._calls.get(lease.call_id)
+            if rec is None or rec.lease is None or rec.lease.token != lease.token or not rec.live(now):
                 return False
             rec.lease = replace(rec.lease, expires_at=now + lease.ttl_s)
             return True
 
     def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
-        outcome = stamped(outcome, lease.attempt)
         with self._lock:
-            rec = self._calls.get(lease.call_id)
-            if rec is None:
-                rec = self._call(CallSpec(lease.call_id))
-            verdict = decide_finish(self._state(rec, self.now()), outcome, config)
-            if verdict == "accept":
-                self._record(rec, outcome)
-                return Accepted(outcome)
-            if verdict == "again":
-                return Accepted(outcome)
-            self._event(rec, STALE_RESULT, lease.attempt, result_data(rec.spec, outcome))
-            if self._holds(lease):
-                rec.lease = None
-            return Stale(rec.result)
+            now = self.now()
+            rec = self._call(CallSpec(lease.call_id))
+            writes = plan_finish(rec.state(now), rec.spec, lease, outcome, config)
+            return apply(writes, _Writer(rec, now))
 
     def release(self, lease: Lease) -> None:
         with self._lock:
-            rec = self._holds(lease)
+            rec = self._calls.get(lease.call_id)
             if rec is not None:
-                rec.lease = None
+                apply(plan_release(lease), _Writer(rec, self.now()))
 
     def fenced(self, lease: Lease) -> None:
         with self._lock:
             rec = self._calls.get(lease.call_id)
-            if rec is None:
-                return
-            self._event(rec, FENCED, lease.attempt, fenced_data(lease))
-            if self._holds(lease):
-                rec.lease = None
+            if rec is not None:
+                apply(plan_fenced(lease), _Writer(rec, self.now()))
 
     def events(self, call_id: str) -> list[Event]:
         with self._lock:
@@ -176,7 +147,7 @@ class MemoryStore(Store):
             now = self.now() if now is None else now
             out = []
             for rec in self._calls.values():
-                if rec.result is not None or self._live(rec, now):
+                if rec.result is not None or rec.live(now):
                     continue
                 if rec.attempts > 0 or rec.registered_at + unclaimed_grace_s <= now:
                     out.append(rec.spec)

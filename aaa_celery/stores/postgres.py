@@ -236,7 +236,7 @@ class PostgresStore(SQLStore):
                     if got and row.backend_pid != pid:
                         raise _pooled([pid, row.backend_pid])
                     token = f"{pid}.{new_token()}"
-                    result = self._apply_begin(conn, row, spec, worker, config, now, not got, token)
+                    result = self._begin(conn, row, spec, worker, config, now, not got, token)
                 claimed = got and isinstance(result, Claimed)
                 if claimed:
                     with self._held_lock:

@@ -1,8 +1,9 @@
 """What the SQL stores share: the tables, every statement by name, and the logic.
 
 :class:`SQLStore` reads a call's row under a row lock inside a write
-transaction, asks :mod:`aaa_celery.lifecycle` what to do, and applies the
-answer before it commits. The two backends differ only in what makes a lease
+transaction, asks :mod:`aaa_celery.lifecycle` for the writes of the operation,
+and applies them (through :mod:`._writes`, the step it shares with the memory
+store) before it commits. The two backends differ only in what makes a lease
 live: a TTL column for SQLite (:mod:`.sqlite`), a session-level advisory lock
 on a dedicated connection for PostgreSQL (:mod:`.postgres`).
 
@@ -24,7 +25,7 @@ import abc
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -32,30 +33,21 @@ from sqlalchemy.engine import Connection, Row
 
 from ..config import GuardConfig
 from ..lifecycle import (
-    FENCED,
-    STALE_RESULT,
-    STARTED,
-    Accepted,
     BeginResult,
-    Busy,
     CallSpec,
     CallState,
-    Claimed,
+    Draft,
     Event,
-    Finished,
     FinishResult,
     Lease,
     Outcome,
-    Refused,
-    Stale,
-    decide_begin,
-    decide_finish,
-    event_id,
-    fenced_data,
-    result_data,
-    stamped,
-    started_data,
+    merge_spec,
+    plan_begin,
+    plan_fenced,
+    plan_finish,
+    plan_release,
 )
+from ._writes import CallWriter, apply
 from .base import Store
 
 metadata = sa.MetaData()
@@ -160,12 +152,10 @@ def select_result(call_id: str) -> sa.Select[Any]:
     return sa.select(results.c.outcome).where(results.c.call_id == call_id)
 
 
-def insert_result_if_absent(insert: Insert, call_id: str, outcome: Outcome, now: float) -> sa.Executable:
-    """Record the call's one result; a second writer inserts nothing (first writer wins)
-    and gets no row back."""
-    row = {"call_id": call_id, "outcome": asdict(outcome), "recorded_at": now}
-    stmt = insert(results).values(**row).on_conflict_do_nothing(index_elements=["call_id"])
-    return stmt.returning(results.c.call_id)
+def insert_result(call_id: str, outcome: Outcome, now: float) -> sa.Insert:
+    """Record the call's one result. Only a write under the call's row lock, that found no
+    result, inserts one; a second insert would break the primary key."""
+    return results.insert().values(call_id=call_id, outcome=asdict(outcome), recorded_at=now)
 
 
 def insert_event_if_absent(insert: Insert, event: Event) -> sa.Executable:
@@ -217,6 +207,29 @@ def _outcome(raw: dict[str, Any] | None) -> Outcome | None:
     return None if raw is None else Outcome(**raw)
 
 
+@dataclass
+class _Writer(CallWriter):
+    """A call's rows, locked in the transaction ``conn``, written at ``now``."""
+
+    insert: Insert
+    conn: Connection
+    call_id: str
+    now: float
+
+    def claim(self, lease: Lease) -> None:
+        self.conn.execute(claim_attempt(self.call_id, lease))
+
+    def record(self, outcome: Outcome) -> None:
+        self.conn.execute(insert_result(self.call_id, outcome, self.now))
+        self.conn.execute(clear_lease(self.call_id))
+
+    def append(self, event: Draft) -> None:
+        self.conn.execute(insert_event_if_absent(self.insert, event.stamp(self.now)))
+
+    def let_go(self, token: str) -> None:
+        self.conn.execute(clear_lease(self.call_id, token))
+
+
 class SQLStore(Store):
     """The logic both SQL stores share; a backend says what makes a lease live.
 
@@ -260,27 +273,23 @@ class SQLStore(Store):
         """Lock the call's row (creating it) and return it with the call's spec in force."""
         conn.execute(insert_call_if_absent(self.insert, spec, now))
         row = conn.execute(select_call_for_update(spec.call_id, *extra)).one()
-        if spec.request and not row.spec.get("request"):
-            conn.execute(update_call_spec(spec))
-            return row, spec
-        return row, CallSpec(**row.spec)
+        stored = CallSpec(**row.spec)
+        kept = merge_spec(stored, spec)
+        if kept is not stored:
+            conn.execute(update_call_spec(kept))
+        return row, kept
 
     def _result(self, conn: Connection, call_id: str) -> Outcome | None:
         return _outcome(conn.execute(select_result(call_id)).scalar_one_or_none())
 
-    def _event(self, conn: Connection, call_id: str, kind: str, attempt: int, data: dict[str, Any]) -> None:
-        event = Event(event_id(call_id, kind, attempt), kind, call_id, attempt, data, self.now())
-        conn.execute(insert_event_if_absent(self.insert, event))
+    def _state(self, conn: Connection, row: Row[Any], holder_live: bool) -> CallState:
+        """The locked call's state; ``holder_live`` says whether its lease is live."""
+        result = self._result(conn, row.call_id)
+        if not holder_live:
+            return CallState(row.attempts, result)
+        return CallState(row.attempts, result, True, row.lease_worker or "", row.lease_expires_at)
 
-    def _record(self, conn: Connection, spec: CallSpec, outcome: Outcome, now: float) -> bool:
-        """Write the call's one result; False if a result was already there."""
-        if conn.execute(insert_result_if_absent(self.insert, spec.call_id, outcome, now)).first() is None:
-            return False
-        conn.execute(clear_lease(spec.call_id))
-        self._event(conn, spec.call_id, outcome.event_type, outcome.attempt, result_data(spec, outcome))
-        return True
-
-    def _apply_begin(
+    def _begin(
         self,
         conn: Connection,
         row: Row[Any],
@@ -293,52 +302,29 @@ class SQLStore(Store):
     ) -> BeginResult:
         """Decide a delivery of the locked call and write the decision; a claim's
         lease gets ``token`` (and an expiry if the backend's leases have a TTL)."""
-        result = self._result(conn, row.call_id)
-        decision = decide_begin(CallState(row.attempts, result, holder_live), config)
-        if decision.kind == "finished":
-            assert result is not None
-            return Finished(result)
-        if decision.kind == "busy":
-            return Busy(row.lease_worker or "", row.lease_expires_at)
-        if decision.kind == "refuse":
-            assert decision.refusal is not None
-            self._record(conn, spec, decision.refusal, now)
-            return Refused(decision.refusal)
-        expires_at = now + config.lease_ttl_s if self.ttl_leases else None
-        lease = Lease(row.call_id, decision.attempt, worker, token, config.lease_ttl_s, expires_at)
-        conn.execute(claim_attempt(row.call_id, lease))
-        started = started_data(spec, decision.attempt, worker)
-        self._event(conn, row.call_id, STARTED, decision.attempt, started)
-        return Claimed(lease)
+        state = self._state(conn, row, holder_live)
+        writes = plan_begin(state, spec, worker, config, token, now if self.ttl_leases else None)
+        return apply(writes, _Writer(self.insert, conn, row.call_id, now))
 
     # The Store interface.
 
     def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
-        outcome = stamped(outcome, lease.attempt)
         try:
             with self._write() as conn:
                 now = self.now()
                 row, spec = self._lock_call(conn, CallSpec(lease.call_id), now)
-                current = self._result(conn, lease.call_id)
-                verdict = decide_finish(CallState(row.attempts, current), outcome, config)
-                if verdict == "accept" and self._record(conn, spec, outcome, now):
-                    return Accepted(outcome)
-                if verdict == "accept":  # lost to a writer the row lock did not see: reread
-                    current = self._result(conn, lease.call_id)
-                    same = current is not None and current.to_json() == outcome.to_json()
-                    verdict = "again" if same else "stale"
-                if verdict == "again":
-                    return Accepted(outcome)
-                self._event(conn, lease.call_id, STALE_RESULT, lease.attempt, result_data(spec, outcome))
-                conn.execute(clear_lease(lease.call_id, lease.token))
-                return Stale(current)
+                # The row lock serializes every write of the call, so the result read under
+                # it is current and the decision still holds when written: the insert of an
+                # accepted result cannot meet another result.
+                writes = plan_finish(self._state(conn, row, False), spec, lease, outcome, config)
+                return apply(writes, _Writer(self.insert, conn, lease.call_id, now))
         finally:
             self._let_go(lease)
 
     def release(self, lease: Lease) -> None:
         try:
             with self._write() as conn:
-                conn.execute(clear_lease(lease.call_id, lease.token))
+                apply(plan_release(lease), _Writer(self.insert, conn, lease.call_id, self.now()))
         finally:
             self._let_go(lease)
 
@@ -347,8 +333,7 @@ class SQLStore(Store):
             with self._write() as conn:
                 if conn.execute(select_call_for_update(lease.call_id)).one_or_none() is None:
                     return
-                self._event(conn, lease.call_id, FENCED, lease.attempt, fenced_data(lease))
-                conn.execute(clear_lease(lease.call_id, lease.token))
+                apply(plan_fenced(lease), _Writer(self.insert, conn, lease.call_id, self.now()))
         finally:
             self._let_go(lease)
 

@@ -102,7 +102,7 @@ class SQLiteStore(SQLStore):
             now = self.now()
             row, spec = self._lock_call(conn, call, now)
             live = bool(self._live([row], now, conn))
-            return self._apply_begin(conn, row, spec, worker, config, now, live, new_token())
+            return self._begin(conn, row, spec, worker, config, now, live, new_token())
 
     def renew(self, lease: Lease) -> bool:
         with self._write() as conn:
