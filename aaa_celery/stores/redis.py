@@ -5,6 +5,18 @@ documents its KEYS, ARGV and return value; ``lua/_lib.lua`` holds the helpers
 they share. Leases and event times use the server's clock, so workers with
 skewed clocks agree.
 
+**Payloads.** Lifecycle builds every outcome and audit event (``refusal``,
+``started_event``, ``result_event``, ...); the scripts get them as JSON in ARGV
+and only choose which to write. Where the payload depends on what the script
+reads, Python sends one per case: the started event of every attempt up to
+``lifecycle.attempt_cap``. Two cases are left to a second round trip, in which
+the script writes nothing the first time: a call with more attempts than the cap
+(it ran under another config), whose refusal needs its count; and a spec in force
+that is not the one the events were built for. For that the store remembers the
+spec of the calls it began (``finish`` gets only a lease), and a ``finish`` from
+another store instance costs two round trips. Each event is stored as
+``{"id", "at", "event"}``: lifecycle's JSON of the event, and the server's time.
+
 **Shards.** Calls are spread over ``shards`` (default 16) shards: a call's shard is
 ``crc32(call_id) % shards``, and its keys, ``<p>:{<p>:<shard>}:<call_id>:<name>``
 (layout in ``lua/_lib.lua``), carry the shard's hash tag. Each shard has its own
@@ -38,23 +50,20 @@ import json
 import math
 import threading
 import zlib
+from collections import OrderedDict
 from importlib import resources
 from typing import Any
 
 import redis
 
-from ..config import Delivery, GuardConfig
-from ..errors import ABANDONED_MESSAGE, OUTCOME_UNKNOWN_MESSAGE
+from ..config import GuardConfig
 from ..lifecycle import (
-    FAILED,
-    FENCED,
-    STALE_RESULT,
-    STARTED,
     Accepted,
     BeginResult,
     Busy,
     CallSpec,
     Claimed,
+    Draft,
     Event,
     Finished,
     FinishResult,
@@ -62,8 +71,14 @@ from ..lifecycle import (
     Outcome,
     Refused,
     Stale,
-    fenced_data,
+    attempt_cap,
+    fenced_event,
+    merge_spec,
+    refusal,
+    result_event,
+    stale_event,
     stamped,
+    started_event,
 )
 from .base import Store, new_token, wrap_errors
 
@@ -80,42 +95,18 @@ _ERRORS = (
 _CONNECT_ERRORS = (*_ERRORS, redis.exceptions.RedisClusterException)
 #: URL scheme of a Redis Cluster -> the scheme redis-py's RedisCluster.from_url takes.
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+#: How many calls' specs a store remembers, to build ``finish``'s events in one round trip.
+_KNOWN_SPECS = 4096
+#: Round trips an operation may take before a script that keeps asking again is a bug.
+_TRIES = 8
 
 
 def _lua(name: str) -> str:
     return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
 
 
-def _constants() -> str:
-    """The event types of :mod:`lifecycle` as Lua locals, so they are written once."""
-    names = {"STARTED": STARTED, "FAILED": FAILED, "FENCED": FENCED, "STALE_RESULT": STALE_RESULT}
-    return "".join(f"local {k} = {json.dumps(v)}\n" for k, v in names.items())
-
-
 def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
-
-
-def _tail(error: str | None, message: str) -> str:
-    """The outcome-specific part of ``lifecycle.result_data``, as JSON members."""
-    return json.dumps({"error": error, "message": message}, separators=(",", ":"))[1:-1]
-
-
-def _outcome_tail(outcome: Outcome) -> str:
-    if outcome.ok:
-        return json.dumps({"value": outcome.value}, separators=(",", ":"))[1:-1]
-    return _tail(outcome.error, outcome.message)
-
-
-def _refusal(config: GuardConfig) -> tuple[int, str]:
-    """begin.lua's view of ``decide_begin``'s refusal: the attempt count at which a
-    lapsed call is refused, and the refusal's error JSON ("{attempts}" filled in Lua).
-
-    Under at_most_once any started attempt ends the call, so the cap is 1.
-    """
-    if config.delivery is Delivery.AT_MOST_ONCE:
-        return 1, _tail("OutcomeUnknown", OUTCOME_UNKNOWN_MESSAGE)
-    return config.max_attempts, _tail("ExecutionAbandoned", ABANDONED_MESSAGE)
 
 
 def _json(record: CallSpec | Outcome) -> str:
@@ -126,6 +117,27 @@ def _json(record: CallSpec | Outcome) -> str:
 
 def _spec_args(call: CallSpec) -> list[Any]:
     return [_json(call), call.name, call.idempotency_key, "1" if call.request else "0"]
+
+
+def _event_args(event: Draft) -> list[str]:
+    return [event.id, event.to_json()]
+
+
+def _begin_args(spec: CallSpec, worker: str, config: GuardConfig, refused_at: int) -> list[Any]:
+    """begin.lua's payloads: the refusal after ``refused_at`` attempts, with its event, and
+    the started event of every attempt the call may claim."""
+    failure, cap = refusal(refused_at, config), attempt_cap(config)
+    args = [spec.name, spec.idempotency_key, cap, refused_at, _json(failure)]
+    args += _event_args(result_event(spec, failure))
+    for attempt in range(1, cap + 1):
+        args += _event_args(started_event(spec, attempt, worker))
+    return args
+
+
+def _event(raw: str) -> Event:
+    """An event from its entry in the events list (``lua/_lib.lua``'s push_event)."""
+    entry = json.loads(raw)
+    return Draft.from_json(entry["event"]).stamp(float(entry["at"]))
 
 
 class RedisStore(Store):
@@ -158,6 +170,8 @@ class RedisStore(Store):
         self._indexes = [[f"{tag}:{name}" for name in _INDEXES] for tag in self._tags]
         self._client: Any = None
         self._scripts: dict[str, Any] = {}
+        self._specs: OrderedDict[str, CallSpec] = OrderedDict()
+        self._specs_lock = threading.Lock()
         self._connect_lock = threading.Lock()
         scheme, sep, rest = url.partition("://")
         cluster_scheme = _CLUSTER_SCHEMES.get(scheme.lower())
@@ -174,7 +188,7 @@ class RedisStore(Store):
 
     def _open(self, connect: Any) -> Any:
         client = connect()
-        prelude = _constants() + _lua("_lib")
+        prelude = _lua("_lib")
         self._scripts = {n: client.register_script(prelude + _lua(n)) for n in _SCRIPTS}
         self._client = client
         return client
@@ -210,19 +224,43 @@ class RedisStore(Store):
             client = self._redis
             return self._scripts[script](keys=keys, args=[call_id, *args], client=client)
 
+    def _known_spec(self, call_id: str) -> CallSpec | None:
+        """The spec in force of a call, as this store last saw it (name and key only)."""
+        with self._specs_lock:
+            return self._specs.get(call_id)
+
+    def _remember(self, spec: CallSpec) -> None:
+        with self._specs_lock:
+            self._specs[spec.call_id] = CallSpec(spec.call_id, spec.name, spec.idempotency_key)
+            self._specs.move_to_end(spec.call_id)
+            if len(self._specs) > _KNOWN_SPECS:
+                self._specs.popitem(last=False)
+
     def begin(self, call: CallSpec, worker: str, config: GuardConfig) -> BeginResult:
         token, ttl_s = new_token(), config.lease_ttl_s
-        reply = self._run(
-            "begin", call.call_id, *_spec_args(call), worker, token, _ms(ttl_s),
-            *_refusal(config), self.retention_s,
-        )
-        kind = reply[0]
+        spec = merge_spec(self._known_spec(call.call_id), call)
+        refused_at = attempt_cap(config)
+        for _ in range(_TRIES):
+            reply = self._run(
+                "begin", call.call_id, *_spec_args(call), worker, token, _ms(ttl_s), self.retention_s,
+                *_begin_args(spec, worker, config, refused_at),
+            )
+            kind = reply[0]
+            if kind == "respec":
+                spec = CallSpec.from_json(reply[1])
+            elif kind == "recount":
+                refused_at = reply[1]
+            else:
+                break
+        else:
+            raise RuntimeError(f"begin.lua kept asking again for {call.call_id!r}: {reply!r}")
         if kind == "finished":
             return Finished(Outcome.from_json(reply[1]))
         if kind == "busy":
             return Busy(reply[1], reply[2] / 1000)
+        self._remember(spec)
         if kind == "refused":
-            return Refused(Outcome.from_json(reply[1]))
+            return Refused(refusal(refused_at, config))
         return Claimed(Lease(call.call_id, reply[1], worker, token, ttl_s, reply[2] / 1000))
 
     def renew(self, lease: Lease) -> bool:
@@ -230,11 +268,20 @@ class RedisStore(Store):
 
     def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
         outcome = stamped(outcome, lease.attempt)
-        reply = self._run(
-            "finish", lease.call_id, lease.token, lease.attempt, _json(outcome),
-            _outcome_tail(outcome), outcome.event_type, "1" if config.fence_results else "0",
-            self.retention_s, _json(CallSpec(lease.call_id)),
-        )
+        spec = self._known_spec(lease.call_id) or CallSpec(lease.call_id)
+        for _ in range(_TRIES):
+            reply = self._run(
+                "finish", lease.call_id, lease.token, lease.attempt, _json(outcome),
+                "1" if config.fence_results else "0", self.retention_s, _json(CallSpec(lease.call_id)),
+                spec.name, *_event_args(result_event(spec, outcome)),
+                *_event_args(stale_event(spec, outcome)),
+            )
+            if reply[0] != "respec":
+                break
+            spec = CallSpec.from_json(reply[1])
+            self._remember(spec)
+        else:
+            raise RuntimeError(f"finish.lua kept asking again for {lease.call_id!r}: {reply!r}")
         if reply[0] == "accepted":
             return Accepted(outcome)
         current = reply[1] if len(reply) > 1 else None
@@ -244,8 +291,7 @@ class RedisStore(Store):
         self._run("release", lease.call_id, lease.token)
 
     def fenced(self, lease: Lease) -> None:
-        data = json.dumps(fenced_data(lease), separators=(",", ":"))
-        self._run("fenced", lease.call_id, lease.token, lease.attempt, data)
+        self._run("fenced", lease.call_id, lease.token, *_event_args(fenced_event(lease)))
 
     def register(self, call: CallSpec) -> None:
         self._run("register", call.call_id, *_spec_args(call))
@@ -256,7 +302,7 @@ class RedisStore(Store):
     def events(self, call_id: str) -> list[Event]:
         with wrap_errors(self.kind, *_ERRORS):
             raw = self._redis.lrange(self.key(call_id, "events"), 0, -1)
-        return [Event.from_json(e) for e in raw]
+        return [_event(e) for e in raw]
 
     def result(self, call_id: str) -> Outcome | None:
         with wrap_errors(self.kind, *_ERRORS):

@@ -7,19 +7,25 @@
 --   KEYS[2] <t>:<call>:attempts  integer: the last attempt number, the fencing token
 --   KEYS[3] <t>:<call>:result    string: the one Outcome JSON
 --   KEYS[4] <t>:<call>:lease     hash with a PX TTL: token, worker, attempt
---   KEYS[5] <t>:<call>:events    list of Event JSON, oldest first
+--   KEYS[5] <t>:<call>:events    list, oldest first, of audit entries (see push_event)
 --   KEYS[6] <t>:running          zset, the shard's: claimed calls without a result,
 --                                score = lease expiry (ms)
 --   KEYS[7] <t>:unclaimed        zset, the shard's: registered, never claimed calls,
 --                                score = registration (ms)
 --   KEYS[8] <t>:<call>:recovery  string with a PX TTL: who may republish the call
 -- The script reads no other key; TIME is the clock of the node that owns the slot.
--- ARGV[1] is always the call id. Event JSON is built byte for byte like
--- lifecycle.Event.to_json; any value JSON (an outcome) comes encoded from Python.
+-- ARGV[1] is always the call id.
+--
+-- Payloads. Every outcome and audit event comes from Python as JSON already encoded by
+-- lifecycle (Outcome.to_json, Draft.to_json: the event without its time). The scripts
+-- store that JSON as it is and never build or edit JSON text: the one thing they add
+-- is the server's time of an event, kept beside the event's JSON (push_event). Where
+-- the payload depends on what the script reads (the attempt number, the spec in force),
+-- Python sends the payload of every case the script may meet, or the script answers
+-- {"respec", ...} / {"recount", ...} without writing, and Python sends it again.
 
 local SPEC, ATTEMPTS, RESULT, LEASE, EVENTS, RUNNING, UNCLAIMED, RECOVERY = unpack(KEYS)
 local CALL = ARGV[1]
-local enc = cjson.encode
 
 -- The server clock: milliseconds (leases, index) and seconds as a decimal string (events).
 local function clock()
@@ -40,7 +46,7 @@ local function drop_lease()
 end
 
 -- Store the call's spec unless known; a spec with a request replaces one without
--- (MemoryStore._call). Returns true when the call is new.
+-- (lifecycle.merge_spec). Returns true when the call is new.
 local function ensure_spec(json, name, ikey, req)
   if redis.call('EXISTS', SPEC) == 0 then
     redis.call('HSET', SPEC, 'json', json, 'name', name, 'ikey', ikey, 'req', req)
@@ -52,29 +58,34 @@ local function ensure_spec(json, name, ikey, req)
   return false
 end
 
--- Append an event unless one with the same id exists (ids are stable, see lifecycle.event_id).
-local function push_event(id, kind, attempt, data, at)
-  local head = '{"id":' .. enc(id) .. ','
-  for _, e in ipairs(redis.call('LRANGE', EVENTS, 0, -1)) do
-    if string.sub(e, 1, #head) == head then return end
+-- The spec in force, if its name and idempotency key (all of it that event data shows)
+-- differ from those the payloads were built for; nil when the payloads are right.
+local function respec(name, ikey)
+  local spec = redis.call('HMGET', SPEC, 'name', 'ikey', 'json')
+  if spec[1] == name and (ikey == nil or spec[2] == ikey) then
+    return nil
   end
-  redis.call('RPUSH', EVENTS, head .. '"type":' .. enc(kind) .. ',"call_id":' .. enc(CALL)
-    .. ',"attempt":' .. attempt .. ',"data":' .. data .. ',"at":' .. at .. '}')
+  return spec[3]
 end
 
--- lifecycle.result_data; `tail` is '"value":...' or '"error":...,"message":...'.
-local function result_data(attempt, tail)
-  local name = redis.call('HGET', SPEC, 'name') or ''
-  return '{"call_id":' .. enc(CALL) .. ',"name":' .. enc(name) .. ',"attempt":' .. attempt
-    .. ',' .. tail .. '}'
+-- Append the audit event `event` (lifecycle's JSON, id `id`) unless an entry with that id
+-- exists. An entry is a JSON object {"id": id, "at": server time "<s>.<us>", "event": the
+-- event's JSON as a string}, encoded by cjson: the event's own JSON is kept byte for byte
+-- (decoding and re-encoding it in Lua would lose data: cjson turns [] into {} and rounds
+-- numbers), and RedisStore.events() stamps it with `at`.
+local function push_event(id, event, at)
+  for _, e in ipairs(redis.call('LRANGE', EVENTS, 0, -1)) do
+    if cjson.decode(e).id == id then return end
+  end
+  redis.call('RPUSH', EVENTS, cjson.encode({id = id, at = at, event = event}))
 end
 
--- Record the call's one result, free its lease, drop it from the indexes and keep
--- its keys for `retention` seconds.
-local function record(outcome, kind, attempt, tail, at, retention)
+-- Record the call's one result (`outcome`, with its event), free its lease, drop it from
+-- the indexes and keep its keys for `retention` seconds.
+local function record(outcome, event_id, event, at, retention)
   redis.call('SET', RESULT, outcome)
   redis.call('DEL', LEASE)
-  push_event(CALL .. ':result', kind, attempt, result_data(attempt, tail), at)
+  push_event(event_id, event, at)
   redis.call('ZREM', RUNNING, CALL)
   redis.call('ZREM', UNCLAIMED, CALL)
   for _, key in ipairs({SPEC, ATTEMPTS, RESULT, EVENTS}) do

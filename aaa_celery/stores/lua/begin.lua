@@ -1,16 +1,25 @@
--- begin.lua: claim a call for a new attempt, or say why not (lifecycle.decide_begin).
+-- begin.lua: claim a call for a new attempt, or say why not (lifecycle.plan_begin).
 --
 -- KEYS: the call keys of _lib.lua.
--- ARGV[1] call id           ARGV[2] CallSpec JSON    ARGV[3] name    ARGV[4] idempotency key
--- ARGV[5] "1" if the spec has a request              ARGV[6] worker  ARGV[7] new lease token
--- ARGV[8] lease TTL (ms)
--- ARGV[9] attempt cap: 1 under at_most_once (any started attempt ends the call), else max_attempts
--- ARGV[10] the refusal's '"error":...,"message":...' JSON, "{attempts}" standing for the count
--- ARGV[11] retention of a finished call's keys (s)
+-- ARGV[1] call id
+-- ARGV[2] the delivered CallSpec JSON    ARGV[3] its name    ARGV[4] its idempotency key
+-- ARGV[5] "1" if it has a request (the spec is kept as lifecycle.merge_spec says)
+-- ARGV[6] worker      ARGV[7] new lease token      ARGV[8] lease TTL (ms)
+-- ARGV[9] retention of a finished call's keys (s)
+-- ARGV[10], ARGV[11] name and idempotency key of the spec the events below were built for
+-- ARGV[12] lifecycle.attempt_cap: from this many attempts on, a lapsed call is refused
+-- ARGV[13] the attempt count the refusal below is for (Python sends the cap first)
+-- ARGV[14] the refusal Outcome JSON (lifecycle.refusal)
+-- ARGV[15], ARGV[16] id and JSON of its result event (lifecycle.result_event)
+-- ARGV[17 + 2k], ARGV[18 + 2k] id and JSON of attempt k+1's aaa.tool.started event
+--   (lifecycle.started_event), for k = 0 .. cap-1: every attempt this call may claim
 -- Touches: spec (created or upgraded), and on a claim attempts, lease, events, running,
 -- unclaimed, recovery (deleted); on a refusal result, lease, events, running, unclaimed and the TTLs.
--- Returns {"finished", outcome JSON} | {"busy", worker, expires ms} |
---         {"refused", outcome JSON} | {"claimed", attempt, expires ms}.
+-- Returns {"finished", outcome JSON} | {"busy", worker, expires ms} | {"refused"} |
+--         {"claimed", attempt, expires ms}, or, having written nothing but the spec:
+--         {"respec", spec JSON}: the spec in force is not the one the events were built for;
+--         {"recount", attempts}: more attempts than the cap (the call ran under another
+--         config), so the refusal must be built for that count.
 
 local now, at = clock()
 ensure_spec(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
@@ -22,13 +31,18 @@ end
 if redis.call('EXISTS', LEASE) == 1 then
   return {'busy', redis.call('HGET', LEASE, 'worker'), now + redis.call('PTTL', LEASE)}
 end
+local spec = respec(ARGV[10], ARGV[11])
+if spec then
+  return {'respec', spec}
+end
 
 local attempts = tonumber(redis.call('GET', ATTEMPTS) or '0')
-if attempts > 0 and attempts >= tonumber(ARGV[9]) then
-  local tail = string.gsub(ARGV[10], '{attempts}', attempts)
-  local outcome = '{"ok":false,"value":null,' .. tail .. ',"attempt":' .. attempts .. '}'
-  record(outcome, FAILED, attempts, tail, at, ARGV[11])
-  return {'refused', outcome}
+if attempts >= tonumber(ARGV[12]) then
+  if attempts ~= tonumber(ARGV[13]) then
+    return {'recount', attempts}
+  end
+  record(ARGV[14], ARGV[15], ARGV[16], at, ARGV[9])
+  return {'refused'}
 end
 
 local attempt = attempts + 1
@@ -39,8 +53,5 @@ redis.call('PEXPIRE', LEASE, ARGV[8])
 redis.call('ZREM', UNCLAIMED, CALL)
 redis.call('ZADD', RUNNING, expires, CALL)
 redis.call('DEL', RECOVERY)  -- claimed: a later crash may be recovered at once
-local spec = redis.call('HMGET', SPEC, 'name', 'ikey')
-push_event(CALL .. ':attempt:' .. attempt, STARTED, attempt,
-  '{"call_id":' .. enc(CALL) .. ',"name":' .. enc(spec[1]) .. ',"attempt":' .. attempt
-  .. ',"worker":' .. enc(ARGV[6]) .. ',"idempotency_key":' .. enc(spec[2]) .. '}', at)
+push_event(ARGV[17 + 2 * attempts], ARGV[18 + 2 * attempts], at)
 return {'claimed', attempt, expires}

@@ -1,32 +1,43 @@
--- finish.lua: record an attempt's outcome, first writer wins (lifecycle.decide_finish).
+-- finish.lua: record an attempt's outcome, first writer wins (lifecycle.plan_finish).
 --
 -- KEYS: the call keys of _lib.lua.
 -- ARGV[1] call id     ARGV[2] lease token     ARGV[3] the lease's attempt (its fence)
--- ARGV[4] Outcome JSON, stamped with that attempt
--- ARGV[5] its '"value":...' or '"error":...,"message":...' JSON, for the event data
--- ARGV[6] event type (completed or failed)    ARGV[7] "1" to fence results
--- ARGV[8] retention of a finished call's keys (s)    ARGV[9] CallSpec JSON of a bare call
+-- ARGV[4] Outcome JSON, stamped with that attempt       ARGV[5] "1" to fence results
+-- ARGV[6] retention of a finished call's keys (s)      ARGV[7] CallSpec JSON of a bare call
+-- ARGV[8] name of the spec the events below were built for
+-- ARGV[9], ARGV[10] id and JSON of the result event (lifecycle.result_event)
+-- ARGV[11], ARGV[12] id and JSON of the aaa.tool.stale_result event (lifecycle.stale_event)
 -- Touches: spec (created if unknown); on accept result, lease, events, running, unclaimed and
 -- the TTLs; on stale events, and lease and running if this lease still holds the call.
 -- Returns {"accepted"} (also when this very outcome is already recorded) |
---         {"stale"} | {"stale", current outcome JSON}.
+--         {"stale"} | {"stale", current outcome JSON}, or, having written nothing but the
+--         spec, {"respec", spec JSON}: the spec in force is not the one the events were
+--         built for.
 
 local _, at = clock()
-ensure_spec(ARGV[9], '', '', '0')
+ensure_spec(ARGV[7], '', '', '0')
 
+-- lifecycle.decide_finish: again (this very outcome is recorded), accept, or stale.
 local result = redis.call('GET', RESULT)
-local attempts = tonumber(redis.call('GET', ATTEMPTS) or '0')
+local accept = false
 if result then
   if result == ARGV[4] then
     return {'accepted'}
   end
-elseif not (ARGV[7] == '1' and attempts > tonumber(ARGV[3])) then
-  record(ARGV[4], ARGV[6], ARGV[3], ARGV[5], at, ARGV[8])
-  return {'accepted'}
+else
+  local attempts = tonumber(redis.call('GET', ATTEMPTS) or '0')
+  accept = not (ARGV[5] == '1' and attempts > tonumber(ARGV[3]))
 end
 
-push_event(CALL .. ':attempt:' .. ARGV[3] .. ':stale', STALE_RESULT, ARGV[3],
-  result_data(ARGV[3], ARGV[5]), at)
+local spec = respec(ARGV[8], nil)
+if spec then
+  return {'respec', spec}
+end
+if accept then
+  record(ARGV[4], ARGV[9], ARGV[10], at, ARGV[6])
+  return {'accepted'}
+end
+push_event(ARGV[11], ARGV[12], at)
 if holds(ARGV[2]) then
   drop_lease()
 end

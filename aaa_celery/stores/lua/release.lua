@@ -1,4 +1,5 @@
--- release.lua: give the lease back without a result (the attempt counts as lost).
+-- release.lua: give the lease back without a result, the attempt counting as lost
+-- (lifecycle.plan_release).
 --
 -- KEYS: the call keys of _lib.lua.
 -- ARGV[1] call id     ARGV[2] lease token
