@@ -87,6 +87,11 @@ def call_spec(name: str, audit_name: str, call_id: str, key: str, args: list[Any
     return CallSpec(call_id, audit_name, key, request)
 
 
+def with_message(spec: CallSpec, message: dict[str, Any]) -> CallSpec:
+    """The spec with the whole message as sent, which recovery publishes again."""
+    return CallSpec(spec.call_id, spec.name, spec.idempotency_key, {**spec.request, "message": message})
+
+
 def context(request: Any, key: str, attempt: int) -> ToolContext:
     """The ``ctx`` of an attempt, from the Celery request that carries it."""
     return ToolContext(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from typing import Any
 
 from celery import Celery
@@ -22,6 +23,7 @@ from celery import Celery
 from ..errors import StoreError
 from ..stores import open_store
 from ..stores.base import Store
+from .publish import expires_at, not_before, republish
 from .stores import store_url
 
 log = logging.getLogger("aaa_celery.recovery")
@@ -32,6 +34,17 @@ DEFAULT_UNCLAIMED_GRACE_S = 300.0
 #: A claim of the republished call ends the hold, so a second crash right after a
 #: takeover is recovered at the next sweep; the hold only matters when the copy is lost.
 DEFAULT_HOLD_S = 10.0
+
+
+def due(message: dict[str, Any], grace_s: float, now: float | None = None) -> bool:
+    """Whether Celery itself would run this message now: never before its ``eta`` (plus the
+    grace that a healthy worker has to take it), never once it ``expires``."""
+    now = time.time() if now is None else now
+    eta = not_before(message)
+    if eta is not None and now < eta + grace_s:
+        return False
+    expires = expires_at(message)
+    return expires is None or now < expires
 
 
 def recover(app: Celery, store: Store, worker: str, producer: Any = None) -> list[str]:
@@ -46,13 +59,20 @@ def recover(app: Celery, store: Store, worker: str, producer: Any = None) -> lis
     sent = []
     for call in store.expired(unclaimed_grace_s=grace):
         request = call.request
-        if not request.get("task") or not store.claim_recovery(call.call_id, worker, hold):
+        message = request.get("message")
+        if not request.get("task") or (message is not None and not due(message, grace)):
             continue
-        options: dict[str, Any] = {"task_id": call.call_id, "headers": request.get("headers") or {}}
-        if request.get("queue"):
-            options["queue"] = request["queue"]
-        app.send_task(request["task"], args=request.get("args") or [], kwargs=request.get("kwargs") or {},
-                      producer=producer, **options)
+        if not store.claim_recovery(call.call_id, worker, hold):
+            continue
+        if message is not None:
+            with app.producer_or_acquire(producer) as p:
+                republish(app, p, message)
+        else:  # registered by a worker from its request (the message was sent without the guard)
+            options: dict[str, Any] = {"task_id": call.call_id, "headers": request.get("headers") or {}}
+            if request.get("queue"):
+                options["queue"] = request["queue"]
+            app.send_task(request["task"], args=request.get("args") or [], kwargs=request.get("kwargs") or {},
+                          producer=producer, **options)
         sent.append(call.call_id)
     if sent:
         log.info("aaa recovery republished %d call(s): %s", len(sent), ", ".join(sent[:10]))

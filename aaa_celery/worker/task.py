@@ -20,7 +20,7 @@ from ..config import GuardConfig, RetryPolicy
 from ..context import ToolContext
 from ..guard import Dropped, GuardRunner, HandBack, run_unguarded
 from ..lifecycle import CallSpec
-from . import calls
+from . import calls, publish
 from .codec import CODEC
 from .events import TaskEvents
 from .install import attach
@@ -91,18 +91,19 @@ class GuardedTask(Task):  # type: ignore[misc]
 
     # -- publishing ---------------------------------------------------------
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any) -> Any:
-        """Send the task, first registering the call in the store so a lost message is found."""
+        """Send the task as Celery does, then register the call with the message as sent, so
+        recovery finds it even if the broker loses it (never for a send that failed)."""
         conf = self.app.conf
         if conf.get("task_always_eager") or not conf.get("aaa_register_on_publish", True) or not self.guard_config.enabled:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
-        task_id = task_id or str(uuid.uuid4())
-        queue = options.get("queue") or options.get("routing_key")
-        if queue is None:
-            route = self.app.amqp.router.route(options, self.name, args, kwargs)
-            queue = getattr(route.get("queue"), "name", None)
-        spec = self.call_spec(task_id, list(args or ()), dict(kwargs or {}), queue, calls.aaa_headers(options.get("headers") or {}))
-        app_store(self.app).register(spec)
-        return super().apply_async(args, kwargs, task_id=task_id, **options)
+        with publish.capture(self.name) as sent:
+            result = super().apply_async(args, kwargs, task_id=task_id, **options)
+        message = sent.get("message")
+        if message is not None:
+            headers = calls.aaa_headers(message["headers"])
+            spec = self.call_spec(result.id, list(args or ()), dict(kwargs or {}), message["routing_key"], headers)
+            app_store(self.app).register(calls.with_message(spec, message))
+        return result
 
     def call_spec(self, call_id: str, args: list[Any], kwargs: dict[str, Any], queue: str | None,
                   headers: dict[str, Any]) -> CallSpec:

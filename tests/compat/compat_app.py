@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,7 +35,17 @@ def make_app(env: Mapping[str, str]) -> Celery:
         result_expires=600,
         aaa_guard={"lease_ttl_s": 3, "wait_poll_s": 0.25},
         aaa_recovery_interval_s=1,
+        aaa_unclaimed_grace_s=2,
     )
+    ledger: Any = None
+
+    def record(event: str, task_id: str) -> None:
+        nonlocal ledger
+        from aaa_celery.testing import Ledger
+
+        if ledger is None or ledger._redis.connection_pool.pid != os.getpid():
+            ledger = Ledger(broker)
+        ledger.record(event, task_id=task_id, pid=os.getpid())
 
     @app.task(bind=True, shared=False, name="compat.whoami")
     def whoami(self: Any, x: int) -> dict[str, Any]:
@@ -47,6 +58,17 @@ def make_app(env: Mapping[str, str]) -> Celery:
     @app.task(shared=False, name="compat.rich")
     def rich() -> dict[str, Any]:
         return {"when": dt.datetime(2026, 1, 2, 3, 4, 5), "amount": decimal.Decimal("12.50")}
+
+    @app.task(bind=True, shared=False, name="compat.slow")
+    def slow(self: Any, seconds: float, tag: str) -> str:
+        record("start", self.request.id)
+        time.sleep(seconds)
+        return tag
+
+    @app.task(bind=True, shared=False, name="compat.append")
+    def append(self: Any, text: str, tag: str) -> str:
+        record("start", self.request.id)
+        return f"{text}+{tag}"
 
     @app.task(shared=False, name="compat.opaque")
     def opaque() -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from aaa_celery.testing import Fleet
+from aaa_celery.testing import Fleet, Ledger
 
 from .compat_app import make_app
 
@@ -22,8 +22,13 @@ ROOT = Path(__file__).resolve().parents[2]
 class Compat:
     """A running worker of one mode, and the same app as a client (``.app``)."""
 
-    def __init__(self, mode: str, fleet: Fleet, app: Any) -> None:
+    def __init__(self, mode: str, fleet: Fleet, app: Any, url: str) -> None:
         self.mode, self.fleet, self.app = mode, fleet, app
+        self.ledger = Ledger(url)
+
+    def starts(self, task_id: str) -> list[dict[str, Any]]:
+        """The body starts of a call, from the ledger."""
+        return self.ledger.entries(task_id, "start")
 
     @property
     def guarded(self) -> bool:
@@ -35,10 +40,12 @@ def compat(request: pytest.FixtureRequest, redis_server: Any, tmp_path_factory: 
     # a db of its own: other tests flush db 0, with the broker's queue bindings in it
     url = redis_server.url.rsplit("/", 1)[0] + "/5"
     env = {"AAA_COMPAT_BROKER": url, "AAA_COMPAT_GUARDED": "1" if request.param == "guarded" else "0"}
-    fleet = Fleet("tests.compat.compat_app", size=1, env=env, cwd=ROOT, prefix=f"compat-{request.param}-",
+    fleet = Fleet("tests.compat.compat_app", size=2, env=env, cwd=ROOT, prefix=f"compat-{request.param}-",
                   workdir=tmp_path_factory.mktemp(f"compat-{request.param}"))
     fleet.start()
     try:
-        yield Compat(request.param, fleet, make_app(env))
+        compat = Compat(request.param, fleet, make_app(env), url)
+        yield compat
     finally:
         fleet.stop()
+    compat.ledger.close()
