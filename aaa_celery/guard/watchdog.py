@@ -73,6 +73,12 @@ class BodyTimedOut(Interrupted):
     """The body ran past ``timeout_s``."""
 
 
+#: The longest the watchdog thread sleeps. Waking this often while idle lets a call
+#: whose first heartbeat or deadline is further off than this skip waking the thread:
+#: on a short call's happy path the thread is not disturbed at all.
+IDLE_WAKE_S = 1.0
+
+
 class _Scheduler:
     """The process's one watchdog thread: a heap of (when, watchdog) wake-ups."""
 
@@ -82,15 +88,17 @@ class _Scheduler:
         self._heap: list[tuple[float, int, Watchdog]] = []
         self._seq = itertools.count()
         self._active: set[Watchdog] = set()
+        #: When the thread wakes next on its own (it never sleeps longer than IDLE_WAKE_S).
+        #: An entry due later needs no notify, so a call's start and end never wake it.
+        self._wakes_at = 0.0
         self._thread = threading.Thread(target=self._loop, name="aaa-watchdog", daemon=True)
         self._thread.start()
 
     def add(self, watchdog: Watchdog, when: float) -> None:
         with self._cond:
             self._active.add(watchdog)
-            first = not self._heap or when < self._heap[0][0]
             heapq.heappush(self._heap, (when, next(self._seq), watchdog))
-            if first:
+            if when < self._wakes_at:
                 self._cond.notify()
 
     def discard(self, watchdog: Watchdog) -> None:
@@ -113,7 +121,10 @@ class _Scheduler:
                     if self._heap and self._heap[0][0] <= now:
                         _, _, due = heapq.heappop(self._heap)
                         break
-                    self._cond.wait(min(self._heap[0][0] - now, 3600.0) if self._heap else None)
+                    wait = min(self._heap[0][0] - now, IDLE_WAKE_S) if self._heap else IDLE_WAKE_S
+                    self._wakes_at = now + wait
+                    self._cond.wait(wait)
+                    self._wakes_at = 0.0  # awake: an entry added now is seen before the next wait
             try:
                 again = due._tick(time.monotonic())
             except Exception:  # noqa: BLE001 - one call's trouble must not stop the others' heartbeats
