@@ -8,14 +8,17 @@ skewed clocks agree.
 **Payloads.** Lifecycle builds every outcome and audit event (``refusal``,
 ``started_event``, ``result_event``, ...); the scripts get them as JSON in ARGV
 and only choose which to write. Where the payload depends on what the script
-reads, Python sends one per case: the started event of every attempt up to
-``lifecycle.attempt_cap``. Two cases are left to a second round trip, in which
-the script writes nothing the first time: a call with more attempts than the cap
-(it ran under another config), whose refusal needs its count; and a spec in force
-that is not the one the events were built for. For that the store remembers the
-spec of the calls it began (``finish`` gets only a lease), and a ``finish`` from
-another store instance costs two round trips. Each event is stored as
-``{"id", "at", "event"}``: lifecycle's JSON of the event, and the server's time.
+reads, Python sends the payloads of the common case only, so the happy path stays
+two short round trips: ``begin`` the started event of attempt 1, ``finish`` the
+result event. The other cases take a second round trip, in which the script
+writes nothing the first time: a call with another attempt count (a redelivery
+after a crash, or more attempts than the cap), whose started event or refusal
+needs that count (``recount``); a stale result, whose ``stale_result`` event is
+then sent (``stale_event``); and a spec in force that is not the one the events
+were built for (``respec``). For that the store remembers the spec of the calls
+it began (``finish`` gets only a lease), and a ``finish`` from another store
+instance costs two round trips. Each event is stored as ``{"id", "at", "event"}``:
+lifecycle's JSON of the event, and the server's time.
 
 **Shards.** Calls are spread over ``shards`` (default 16) shards: a call's shard is
 ``crc32(call_id) % shards``, and its keys, ``<p>:{<p>:<shard>}:<call_id>:<name>``
@@ -123,21 +126,46 @@ def _event_args(event: Draft) -> list[str]:
     return [event.id, event.to_json()]
 
 
-def _begin_args(spec: CallSpec, worker: str, config: GuardConfig, refused_at: int) -> list[Any]:
-    """begin.lua's payloads: the refusal after ``refused_at`` attempts, with its event, and
-    the started event of every attempt the call may claim."""
-    failure, cap = refusal(refused_at, config), attempt_cap(config)
-    args = [spec.name, spec.idempotency_key, cap, refused_at, _json(failure)]
-    args += _event_args(result_event(spec, failure))
-    for attempt in range(1, cap + 1):
-        args += _event_args(started_event(spec, attempt, worker))
-    return args
+def _begin_args(spec: CallSpec, worker: str, config: GuardConfig, attempts: int) -> list[Any]:
+    """begin.lua's payloads for a call with ``attempts`` attempts so far: the started event
+    of the next one, or past the cap the refusal with its event. Only what that one case
+    needs travels (a call that turns out to have another count gets ``recount``)."""
+    cap = attempt_cap(config)
+    args = [spec.name, spec.idempotency_key, cap, attempts]
+    if attempts < cap:
+        return args + _event_args(started_event(spec, attempts + 1, worker))
+    failure = refusal(attempts, config)
+    return args + [_json(failure), *_event_args(result_event(spec, failure))]
 
 
 def _event(raw: str) -> Event:
     """An event from its entry in the events list (``lua/_lib.lua``'s push_event)."""
     entry = json.loads(raw)
     return Draft.from_json(entry["event"]).stamp(float(entry["at"]))
+
+
+def _evalsha(client: Any, script: Any, keys: list[str], args: list[Any]) -> Any:
+    """Run ``script`` by EVALSHA on one of ``client``'s pooled connections, with the
+    connection's own retry policy and reply parser but without the layers of
+    ``Redis.execute_command`` (observability hooks, a second retry wrapper, reply
+    callbacks): on a trivial call those cost about 50 µs of CPU per round trip, as
+    much as the round trip itself. Loads the script on NOSCRIPT, as redis-py's
+    ``Script`` does. (A Redis Cluster client routes by key: it keeps ``Script``.)"""
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+
+    def send() -> Any:
+        conn.send_command(*command)
+        return conn.read_response()
+
+    try:
+        return conn.retry.call_with_retry(send, lambda error: conn.disconnect())
+    except redis.exceptions.NoScriptError:
+        pass  # the server lost its scripts (a restart, SCRIPT FLUSH): load and run below
+    finally:
+        pool.release(conn)
+    return script(keys=keys, args=args, client=client)
 
 
 class RedisStore(Store):
@@ -222,7 +250,9 @@ class RedisStore(Store):
         keys.append(f"{call}:recovery")
         with wrap_errors(self.kind, *_ERRORS):
             client = self._redis
-            return self._scripts[script](keys=keys, args=[call_id, *args], client=client)
+            if self.cluster:
+                return self._scripts[script](keys=keys, args=[call_id, *args], client=client)
+            return _evalsha(client, self._scripts[script], keys, [call_id, *args])
 
     def _known_spec(self, call_id: str) -> CallSpec | None:
         """The spec in force of a call, as this store last saw it (name and key only)."""
@@ -239,17 +269,17 @@ class RedisStore(Store):
     def begin(self, call: CallSpec, worker: str, config: GuardConfig) -> BeginResult:
         token, ttl_s = new_token(), config.lease_ttl_s
         spec = merge_spec(self._known_spec(call.call_id), call)
-        refused_at = attempt_cap(config)
+        attempts = 0  # a new call: its first delivery is by far the most common begin
         for _ in range(_TRIES):
             reply = self._run(
                 "begin", call.call_id, *_spec_args(call), worker, token, _ms(ttl_s), self.retention_s,
-                *_begin_args(spec, worker, config, refused_at),
+                *_begin_args(spec, worker, config, attempts),
             )
             kind = reply[0]
             if kind == "respec":
                 spec = CallSpec.from_json(reply[1])
             elif kind == "recount":
-                refused_at = reply[1]
+                attempts = reply[1]
             else:
                 break
         else:
@@ -260,7 +290,7 @@ class RedisStore(Store):
             return Busy(reply[1], reply[2] / 1000)
         self._remember(spec)
         if kind == "refused":
-            return Refused(refusal(refused_at, config))
+            return Refused(refusal(attempts, config))
         return Claimed(Lease(call.call_id, reply[1], worker, token, ttl_s, reply[2] / 1000))
 
     def renew(self, lease: Lease) -> bool:
@@ -269,17 +299,21 @@ class RedisStore(Store):
     def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
         outcome = stamped(outcome, lease.attempt)
         spec = self._known_spec(lease.call_id) or CallSpec(lease.call_id)
+        stale = False  # the stale_result event travels only when finish.lua asks for it
         for _ in range(_TRIES):
             reply = self._run(
                 "finish", lease.call_id, lease.token, lease.attempt, _json(outcome),
                 "1" if config.fence_results else "0", self.retention_s, _json(CallSpec(lease.call_id)),
                 spec.name, *_event_args(result_event(spec, outcome)),
-                *_event_args(stale_event(spec, outcome)),
+                *(_event_args(stale_event(spec, outcome)) if stale else ()),
             )
-            if reply[0] != "respec":
+            if reply[0] == "stale_event":
+                stale = True
+            elif reply[0] == "respec":
+                spec = CallSpec.from_json(reply[1])
+                self._remember(spec)
+            else:
                 break
-            spec = CallSpec.from_json(reply[1])
-            self._remember(spec)
         else:
             raise RuntimeError(f"finish.lua kept asking again for {lease.call_id!r}: {reply!r}")
         if reply[0] == "accepted":

@@ -20,9 +20,10 @@
 -- lifecycle (Outcome.to_json, Draft.to_json: the event without its time). The scripts
 -- store that JSON as it is and never build or edit JSON text: the one thing they add
 -- is the server's time of an event, kept beside the event's JSON (push_event). Where
--- the payload depends on what the script reads (the attempt number, the spec in force),
--- Python sends the payload of every case the script may meet, or the script answers
--- {"respec", ...} / {"recount", ...} without writing, and Python sends it again.
+-- the payload depends on what the script reads (the attempt number, the spec in force,
+-- a stale result), Python sends the payload of the common case only, and in the others
+-- the script answers {"recount", ...} / {"respec", ...} / {"stale_event"} without
+-- writing, and Python sends it again with the payload that case needs.
 
 local SPEC, ATTEMPTS, RESULT, LEASE, EVENTS, RUNNING, UNCLAIMED, RECOVERY = unpack(KEYS)
 local CALL = ARGV[1]

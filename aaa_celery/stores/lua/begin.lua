@@ -8,18 +8,19 @@
 -- ARGV[9] retention of a finished call's keys (s)
 -- ARGV[10], ARGV[11] name and idempotency key of the spec the events below were built for
 -- ARGV[12] lifecycle.attempt_cap: from this many attempts on, a lapsed call is refused
--- ARGV[13] the attempt count the refusal below is for (Python sends the cap first)
--- ARGV[14] the refusal Outcome JSON (lifecycle.refusal)
--- ARGV[15], ARGV[16] id and JSON of its result event (lifecycle.result_event)
--- ARGV[17 + 2k], ARGV[18 + 2k] id and JSON of attempt k+1's aaa.tool.started event
---   (lifecycle.started_event), for k = 0 .. cap-1: every attempt this call may claim
+-- ARGV[13] n, the attempt count the payloads below are for (Python sends 0 first), then
+--   if n < cap: ARGV[14], ARGV[15] id and JSON of attempt n+1's aaa.tool.started event
+--     (lifecycle.started_event);
+--   else: ARGV[14] the refusal Outcome JSON (lifecycle.refusal), ARGV[15], ARGV[16] id
+--     and JSON of its result event (lifecycle.result_event).
 -- Touches: spec (created or upgraded), and on a claim attempts, lease, events, running,
 -- unclaimed, recovery (deleted); on a refusal result, lease, events, running, unclaimed and the TTLs.
 -- Returns {"finished", outcome JSON} | {"busy", worker, expires ms} | {"refused"} |
 --         {"claimed", attempt, expires ms}, or, having written nothing but the spec:
 --         {"respec", spec JSON}: the spec in force is not the one the events were built for;
---         {"recount", attempts}: more attempts than the cap (the call ran under another
---         config), so the refusal must be built for that count.
+--         {"recount", attempts}: the call has another attempt count than n (a call run
+--         before, or one that ran under another config), so the payloads must be built
+--         for that count.
 
 local now, at = clock()
 ensure_spec(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
@@ -37,10 +38,10 @@ if spec then
 end
 
 local attempts = tonumber(redis.call('GET', ATTEMPTS) or '0')
+if attempts ~= tonumber(ARGV[13]) then
+  return {'recount', attempts}
+end
 if attempts >= tonumber(ARGV[12]) then
-  if attempts ~= tonumber(ARGV[13]) then
-    return {'recount', attempts}
-  end
   record(ARGV[14], ARGV[15], ARGV[16], at, ARGV[9])
   return {'refused'}
 end
@@ -53,5 +54,5 @@ redis.call('PEXPIRE', LEASE, ARGV[8])
 redis.call('ZREM', UNCLAIMED, CALL)
 redis.call('ZADD', RUNNING, expires, CALL)
 redis.call('DEL', RECOVERY)  -- claimed: a later crash may be recovered at once
-push_event(ARGV[17 + 2 * attempts], ARGV[18 + 2 * attempts], at)
+push_event(ARGV[14], ARGV[15], at)
 return {'claimed', attempt, expires}
