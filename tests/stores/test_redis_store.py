@@ -9,6 +9,7 @@ faults at the server (``CLIENT PAUSE``, a busy server).
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 import uuid
@@ -291,6 +292,81 @@ def test_lapsed_lease_goes_to_a_new_worker_and_the_old_one_cannot_renew(open_red
 def test_now_is_the_server_clock(open_redis, probe) -> None:
     seconds, micros = probe.time()
     assert abs(open_redis().now() - (seconds + micros / 1e6)) < 1.0
+
+
+# --- Each thread's own connection (RedisStore._evalsha) ----------------------------------
+
+
+class Cut(BaseException):
+    """Stands for an exception that lands between a command and its reply (the watchdog
+    interrupting a body, KeyboardInterrupt)."""
+
+
+def test_a_command_cut_off_before_its_reply_leaves_nothing_for_the_next(open_redis, monkeypatch) -> None:
+    # Given a store whose connection sent a begin but was cut off before reading the reply
+    store = open_redis()
+    claim(store, new_call(), "w1")  # the thread's connection exists
+    conn = store._held.conn
+    real_send = conn.send_packed_command
+
+    def send_then_cut(*args, **kwargs):
+        real_send(*args, **kwargs)
+        raise Cut()
+
+    monkeypatch.setattr(conn, "send_packed_command", send_then_cut)
+    with pytest.raises(Cut):
+        store.begin(new_call(), "w1", CFG)
+    monkeypatch.undo()
+
+    # Then the next command gets its own reply, not the one left unread
+    call = new_call()
+    lease = claim(store, call, "w2").lease
+    assert (lease.call_id, lease.attempt) == (call.call_id, 1)
+    assert store.finish(lease, Outcome.success(7), CFG) == Accepted(Outcome.success(7, 1))
+
+
+def test_scripts_the_server_lost_are_loaded_again(open_redis, probe) -> None:
+    store = open_redis()
+    claim(store, new_call(), "w1")
+    probe.script_flush()
+    call = new_call()
+    lease = claim(store, call, "w1").lease
+    assert store.finish(lease, Outcome.success(1), CFG) == Accepted(Outcome.success(1, 1))
+
+
+def test_each_thread_and_a_forked_child_use_their_own_connection(open_redis) -> None:
+    store = open_redis()
+    claim(store, new_call(), "w1")
+    main = store._held.conn
+    seen: list[object] = []
+
+    def in_thread() -> None:
+        claim(store, new_call(), "w2")
+        seen.append(store._held.conn)
+
+    thread = threading.Thread(target=in_thread)
+    thread.start()
+    thread.join()
+    assert seen and seen[0] is not main
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own connection, and the parent's left alone
+        ok = False
+        try:
+            call = new_call()
+            lease = claim(store, call, "child").lease
+            ok = store._held.conn is not main and store.finish(lease, Outcome.success(2), CFG) == Accepted(
+                Outcome.success(2, 1))
+        finally:
+            os.write(write, b"1" if ok else b"0")
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 1) == b"1"
+    call = new_call()
+    lease = claim(store, call, "w1").lease  # the parent's connection still works
+    assert store._held.conn is main
+    assert store.finish(lease, Outcome.success(3), CFG) == Accepted(Outcome.success(3, 1))
 
 
 # --- Redis Cluster ------------------------------------------------------------------------
