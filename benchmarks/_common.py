@@ -154,6 +154,12 @@ def commandstats(client: Any) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in client.info("commandstats").items()}
 
 
+def server_cpu(client: Any) -> float:
+    """A Redis server's CPU seconds so far (``INFO cpu``: user + system)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0)}
 

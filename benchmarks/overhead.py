@@ -14,7 +14,9 @@ Method, per variant and round (interleaved A B C A B C ..., for each pool):
    first message taken to the N-th result stored (results go to a Redis db of their
    own, counted with ``DBSIZE``);
 3. over the drain, read the worker's CPU (``/proc/<pid>/stat`` utime+stime of the main
-   process and its pool children) and ``INFO commandstats`` of broker and store.
+   process and its pool children), ``INFO commandstats`` of broker and store, and the
+   store server's own CPU (``INFO cpu``): on a machine whose cores are all busy, the
+   guard's cost is the worker's added CPU plus the store server's.
 
 The store is a second ``redis-server``, so its commands are the guard's alone.
 
@@ -43,6 +45,7 @@ from benchmarks._common import (  # noqa: E402
     commandstats,
     delta,
     redis_server,
+    server_cpu,
     spread,
     table,
     wait_until,
@@ -87,6 +90,7 @@ def one_round(app: Any, worker: Worker, variant: str, n: int, tag: str, broker: 
     assert wait_until(lambda: broker.llen(STAGING) == n, 10), "staging list incomplete"
     store_after_publish = commandstats(store)
     broker_before, store_before, cpu_before = commandstats(broker), commandstats(store), worker.cpu()
+    store_cpu_before = server_cpu(store)
     broker.rename(STAGING, QUEUE)
     wait_until(lambda: broker.llen(QUEUE) < n, 10, 0.001)
     t0 = time.perf_counter()
@@ -96,6 +100,7 @@ def one_round(app: Any, worker: Worker, variant: str, n: int, tag: str, broker: 
         raise RuntimeError(f"{variant}: only {results.dbsize()} of {n} results after {timeout_s} s; "
                            f"see the worker log {worker.log}")
     cpu = worker.cpu() - cpu_before
+    store_cpu = server_cpu(store) - store_cpu_before
     store_drain = delta(commandstats(store), store_before)
     broker_drain = delta(commandstats(broker), broker_before)
     store_publish = delta(store_after_publish, store_before_publish)
@@ -105,6 +110,7 @@ def one_round(app: Any, worker: Worker, variant: str, n: int, tag: str, broker: 
         "drain_s": drain_s,
         "publish_per_s": n / publish_s,
         "worker_cpu_ms_per_call": cpu / n * 1e3,
+        "store_server_cpu_ms_per_call": store_cpu / n * 1e3,
         "store_cmds_per_call_drain": round_trips(store_drain) / n,
         "store_cmds_per_call_publish": round_trips(store_publish) / n,
         "store_redis_commands_per_call_drain": sum(v for k, v in store_drain.items() if k not in NOT_COUNTED) / n,
@@ -140,6 +146,7 @@ def run_pool(pool: str, args: argparse.Namespace, env: dict[str, str], logdir: P
                 row.update(pool=pool, round=r)
                 print(f"  {pool:8} round {r} {variant:8} {row['per_s']:7.0f} calls/s  "
                       f"worker CPU {row['worker_cpu_ms_per_call']:.3f} ms/call  "
+                      f"store server CPU {row['store_server_cpu_ms_per_call']:.3f} ms/call  "
                       f"store cmds/call {row['store_cmds_per_call_drain']:.2f} (+{row['store_cmds_per_call_publish']:.2f} at publish)",
                       flush=True)
                 rows.append(row)
@@ -158,6 +165,7 @@ def summarize(rows: list[dict[str, Any]], pools: list[str], variants: list[str])
                 "per_s": spread([r["per_s"] for r in rs]),
                 "publish_per_s": statistics.median(r["publish_per_s"] for r in rs),
                 "worker_cpu_ms_per_call": statistics.median(r["worker_cpu_ms_per_call"] for r in rs),
+                "store_server_cpu_ms_per_call": statistics.median(r["store_server_cpu_ms_per_call"] for r in rs),
                 "store_cmds_per_call_drain": statistics.median(r["store_cmds_per_call_drain"] for r in rs),
                 "store_cmds_per_call_publish": statistics.median(r["store_cmds_per_call_publish"] for r in rs),
                 "broker_cmds_per_call": statistics.median(r["broker_cmds_per_call"] for r in rs),
@@ -181,11 +189,13 @@ def report(summary: dict[str, Any]) -> str:
                 pool, v, x["per_s"]["median"], f"{x['per_s']['min']:.0f}–{x['per_s']['max']:.0f}",
                 f"{ratio['min']:.2f} / {ratio['median']:.2f} / {ratio['max']:.2f}" if ratio else "1",
                 x["store_cmds_per_call_drain"], x["store_cmds_per_call_publish"],
-                x["worker_cpu_ms_per_call"], x.get("added_cpu_ms_per_call", 0.0), x["publish_per_s"],
+                x["worker_cpu_ms_per_call"], x.get("added_cpu_ms_per_call", 0.0),
+                x["store_server_cpu_ms_per_call"], x["publish_per_s"],
             ])
     return table(["pool", "variant", "calls/s (median)", "calls/s min–max", "÷ plain min / median / max",
                   "store round trips / call (worker)", "store round trips / call (publish)",
-                  "worker CPU ms / call", "added CPU ms / call", "publish calls/s"], rows,
+                  "worker CPU ms / call", "added CPU ms / call", "store server CPU ms / call",
+                  "publish calls/s"], rows,
                  "Guard overhead: trivial calls drained by one worker")
 
 
