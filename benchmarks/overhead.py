@@ -22,6 +22,7 @@ The store is a second ``redis-server``, so its commands are the guard's alone.
 
     python benchmarks/overhead.py                    # 5000 calls, 3 rounds, both pools
     python benchmarks/overhead.py --quick            # < 30 s smoke run
+    python benchmarks/overhead.py --store memory://  # diagnostic: the guard without store round trips
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def run_pool(pool: str, args: argparse.Namespace, env: dict[str, str], logdir: P
     app = bench_app.app
     broker = redis.Redis.from_url(env["BENCH_BROKER"])
     results = redis.Redis.from_url(env["BENCH_BACKEND"])
-    store = redis.Redis.from_url(env["BENCH_STORE"])
+    store = redis.Redis.from_url(env["BENCH_STORE_SERVER"])
     with ExitStack() as stack:
         worker = Worker(env, kind, conc, queues=QUEUE, name=pool, log=logdir / f"worker-{pool}.log")
         stack.callback(worker.stop)
@@ -209,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pools", default="prefork,threads", help="prefork (-c 2), threads (-c 8)")
     ap.add_argument("--variants", default="plain,guarded,tool", help="default %(default)s")
     ap.add_argument("--timeout", type=float, default=300, help="max seconds per drain (default %(default)s)")
+    ap.add_argument("--store", default="", help="the guard's store URL instead of the second redis-server; "
+                    "memory:// (one store per process, no fleet-wide guarantee) shows what the guard costs "
+                    "without its store round trips")
     args = ap.parse_args(argv)
     if args.quick:
         args.calls, args.rounds, args.pools = 300, 1, "prefork"
@@ -220,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         broker_srv = stack.enter_context(redis_server(appendonly=False))
         store_srv = stack.enter_context(redis_server())
         env = {"BENCH_BROKER": broker_srv.url, "BENCH_BACKEND": broker_srv.url[:-1] + "1",
-               "BENCH_STORE": store_srv.url, "BENCH_QUEUE": QUEUE}
+               "BENCH_STORE": args.store or store_srv.url, "BENCH_STORE_SERVER": store_srv.url,
+               "BENCH_QUEUE": QUEUE}
         os.environ.update(env)  # before bench_app is imported: it reads them
         for pool in pools:
             rows += run_pool(pool, args, env, logdir)
