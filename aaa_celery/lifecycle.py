@@ -30,6 +30,7 @@ COMPLETED = "aaa.tool.completed"
 FAILED = "aaa.tool.failed"
 FENCED = "aaa.tool.fenced"
 STALE_RESULT = "aaa.tool.stale_result"
+RETRIED = "aaa.tool.retried"
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,22 @@ class CallSpec:
         return cls(**json.loads(raw))
 
 
+def spec_rank(spec: CallSpec) -> int:
+    """How well a spec says how to send the call again: 0 not at all, 1 a request that a
+    worker rebuilt from what it received, 2 the whole message as the app sent it."""
+    if "message" in spec.request:
+        return 2
+    return 1 if spec.request else 0
+
+
 def merge_spec(stored: CallSpec | None, incoming: CallSpec) -> CallSpec:
-    """The spec a store keeps for a call once ``incoming`` arrives: the first one it
-    saw, unless ``incoming`` brings the request (how to republish) that it lacks."""
-    if stored is None or (incoming.request and not stored.request):
+    """The spec a store keeps for a call once ``incoming`` arrives: the first one it saw,
+    unless ``incoming`` says better how to send the call again; a message as sent always
+    replaces the stored spec (a retry sends the call anew, with its own eta)."""
+    if stored is None:
+        return incoming
+    rank = spec_rank(incoming)
+    if rank == 2 or rank > spec_rank(stored):
         return incoming
     return stored
 
@@ -116,7 +129,7 @@ def event_id(call_id: str, kind: str, attempt: int) -> str:
         return f"{call_id}:attempt:{attempt}"
     if kind in (COMPLETED, FAILED):
         return f"{call_id}:result"
-    suffix = "fenced" if kind == FENCED else "stale"
+    suffix = {FENCED: "fenced", RETRIED: "retried"}.get(kind, "stale")
     return f"{call_id}:attempt:{attempt}:{suffix}"
 
 
@@ -215,6 +228,11 @@ def fenced_event(lease: Lease) -> Draft:
     return _draft(lease.call_id, FENCED, lease.attempt, fenced_data(lease))
 
 
+def retried_event(lease: Lease) -> Draft:
+    """``aaa.tool.retried``: an attempt that handed the call on to its next delivery."""
+    return _draft(lease.call_id, RETRIED, lease.attempt, fenced_data(lease))
+
+
 # -- Replies ---------------------------------------------------------------------------
 
 
@@ -272,6 +290,8 @@ class CallState:
 
     ``holder`` and ``expires_at`` describe the live lease (``holder_live``): the
     worker that holds it and when it lapses (None for a lease bound to a session).
+    ``handed_on`` is the attempt that last handed the call on to its next delivery
+    (a retry its body asked for), 0 if none did.
     """
 
     attempts: int = 0
@@ -279,6 +299,7 @@ class CallState:
     holder_live: bool = False
     holder: str = ""
     expires_at: float | None = None
+    handed_on: int = 0
 
 
 @dataclass(frozen=True)
@@ -289,26 +310,34 @@ class BeginDecision:
 
 
 def attempt_cap(config: GuardConfig) -> int:
-    """The attempt count from which a call whose lease lapsed is refused: ``max_attempts``,
-    or 1 under at_most_once (any started attempt ends the call)."""
+    """The attempt count from which a call whose last attempt was lost is refused:
+    ``max_attempts``, or 1 under at_most_once (any lost attempt ends the call)."""
     return 1 if config.delivery is Delivery.AT_MOST_ONCE else config.max_attempts
 
 
-def refusal(attempts: int, config: GuardConfig) -> Outcome:
-    """The failure recorded for a call refused after ``attempts`` lost attempts."""
-    if config.delivery is Delivery.AT_MOST_ONCE:
+def refusal(attempts: int, config: GuardConfig, *, handed_on: bool = False) -> Outcome:
+    """The failure recorded for a call refused after ``attempts`` attempts: the last one
+    lost (``OutcomeUnknown`` under at_most_once), or all of them spent."""
+    if config.delivery is Delivery.AT_MOST_ONCE and not handed_on:
         return Outcome.failure("OutcomeUnknown", OUTCOME_UNKNOWN_MESSAGE, attempts)
     return Outcome.failure("ExecutionAbandoned", ABANDONED_MESSAGE.format(attempts=attempts), attempts)
 
 
 def decide_begin(state: CallState, config: GuardConfig) -> BeginDecision:
-    """Decide what a delivery of a call does: run it, wait, or answer without running."""
+    """Decide what a delivery of a call does: run it, wait, or answer without running.
+
+    An attempt that handed the call on (a retry its body asked for) was not lost: its
+    owner reported that it is not done. So the next delivery is the next attempt, under
+    at_most_once too, and it counts toward ``max_attempts`` like any other.
+    """
     if state.result is not None:
         return BeginDecision("finished")
     if state.holder_live:
         return BeginDecision("busy")
-    if state.attempts >= attempt_cap(config):
-        return BeginDecision("refuse", refusal=refusal(state.attempts, config))
+    handed_on = state.attempts > 0 and state.handed_on == state.attempts
+    cap = config.max_attempts if handed_on else attempt_cap(config)
+    if state.attempts >= cap:
+        return BeginDecision("refuse", refusal=refusal(state.attempts, config, handed_on=handed_on))
     return BeginDecision("claim", attempt=state.attempts + 1)
 
 
@@ -344,6 +373,10 @@ class Writes:
     - ``event``: append this audit event, stamped with the store's clock, unless an
       event with its id exists.
     - ``let_go``: free the lease if the lease with this token still holds the call.
+    - ``hand_on``: this lease, live, holds the call: its attempt hands the call on
+      (``handed_on`` becomes that attempt) and the lease is freed. The call then waits for
+      its next delivery as a newly registered call does: recovery brings it back only
+      once the unclaimed grace has passed since the hand-on.
     """
 
     reply: BeginResult | FinishResult | None = None
@@ -351,6 +384,7 @@ class Writes:
     record: Outcome | None = None
     event: Draft | None = None
     let_go: str | None = None
+    hand_on: Lease | None = None
 
 
 def plan_begin(
@@ -390,6 +424,13 @@ def plan_finish(state: CallState, call: CallSpec, lease: Lease, outcome: Outcome
 def plan_fenced(lease: Lease) -> Writes:
     """``lease``'s attempt lost its lease and was cancelled: audit it, and let the lease go."""
     return Writes(event=fenced_event(lease), let_go=lease.token)
+
+
+def plan_hand_on(lease: Lease, holds: bool) -> Writes:
+    """``lease``'s attempt ends without a result and hands the call on to its next delivery;
+    ``holds``: whether that lease is live and still holds the call (else it is audited only:
+    an attempt that lost its lease cannot hand the call on)."""
+    return Writes(event=retried_event(lease), hand_on=lease if holds else None)
 
 
 def plan_release(lease: Lease) -> Writes:

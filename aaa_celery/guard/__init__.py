@@ -5,7 +5,16 @@ rules of an attempt are read in one place; ``aaa_celery.worker.GuardedTask`` ada
 them to Celery's request, retry and ack semantics.
 """
 
-from .runner import BUSY_POLLS, DeliveryEnded, Dropped, GuardRunner, HandBack, answer, error_for, run_unguarded
+from .runner import (
+    BUSY_POLLS,
+    DeliveryEnded,
+    Dropped,
+    GuardRunner,
+    HandBack,
+    answer,
+    error_for,
+    run_unguarded,
+)
 from .watchdog import BodyTimedOut, Interrupted, LeaseCancelled, Watchdog, active_calls
 
 __all__ = [

@@ -32,6 +32,7 @@ from ..config import GuardConfig, RetryPolicy
 from ..errors import TOOL_ERRORS, StoreUnavailable, ToolError, ToolTimeout
 from ..lifecycle import (
     FENCED,
+    RETRIED,
     STALE_RESULT,
     STARTED,
     Accepted,
@@ -120,6 +121,16 @@ def answer(outcome: Outcome, codec: Codec | None = None) -> Any:
 #: coroutine of it, for an ``async def`` tool).
 Body = Callable[[int], Any]
 
+#: What an exception the body raised means, for the framework that runs it: ``"hand_on"``
+#: when the body asked to run again (a retry: the attempt ends without a result and the
+#: call goes on in its next delivery), else None (the exception is the call's recorded
+#: failure, as any other; ``raise_for`` maps it back for later deliveries).
+Control = Callable[[BaseException], str | None]
+
+
+def _no_control(error: BaseException) -> str | None:
+    return None
+
 
 @dataclass
 class GuardRunner:
@@ -132,6 +143,8 @@ class GuardRunner:
         result_retry: how ``finish`` is retried while the store is down.
         emit: sends audit events to monitors (Celery task events, for instance).
         codec: how values are kept in the store (the app's result serializer, for Celery).
+        control: what the framework's control-flow exceptions mean (see :data:`Control`).
+        raise_for: the exception a recorded failure raises for a caller.
     """
 
     store: Store
@@ -140,6 +153,8 @@ class GuardRunner:
     result_retry: RetryPolicy = RetryPolicy()
     emit: Emit = _no_emit
     codec: Codec = PlainJSON()
+    control: Control = _no_control
+    raise_for: Callable[[Outcome], BaseException] = error_for
 
     def run(self, call: CallSpec, worker: str, body: Body) -> Any:
         """One delivery of ``call`` by ``worker``: claim, run, record, answer."""
@@ -155,11 +170,13 @@ class GuardRunner:
                 self.emit(STARTED, decision.lease.attempt, worker=worker)
                 return self.attempt(call, decision.lease, body)
             if isinstance(decision, Finished):
-                return answer(decision.result, self.codec)
+                if decision.result.ok:
+                    return self.codec.decode(decision.result.value)
+                raise self.raise_for(decision.result)
             if isinstance(decision, Refused):
                 refusal = decision.result
                 self.emit(refusal.event_type, refusal.attempt, error=refusal.error, message=refusal.message)
-                raise error_for(refusal)
+                raise self.raise_for(refusal)
             assert isinstance(decision, Busy)
             if time.monotonic() >= busy_until:
                 raise Dropped(f"held by {decision.holder}")
@@ -182,6 +199,10 @@ class GuardRunner:
             error = ToolTimeout(f"{call.name or call.call_id}: timed out after {self.timeout_s} s")
             outcome = Outcome.failure("ToolTimeout", str(error), lease.attempt)
         except Exception as e:  # noqa: BLE001 - every failure is a recorded fact
+            if self.control(e) == "hand_on":
+                self.store.hand_on(lease)
+                self.emit(RETRIED, lease.attempt, worker=lease.worker)
+                raise
             error = e
             outcome = Outcome.failure(type(e).__name__, str(e), lease.attempt)
         if not isinstance(self.finish(lease, outcome), Accepted):

@@ -2,8 +2,8 @@
 
 A store reads a call's state under its lock, asks :mod:`aaa_celery.lifecycle` for
 the :class:`~aaa_celery.lifecycle.Writes` of the operation (``plan_begin``,
-``plan_finish``, ``plan_fenced``, ``plan_release``), and hands them to :func:`apply`
-with a :class:`CallWriter`: the four writes a backend knows how to make, on that
+``plan_finish``, ``plan_fenced``, ``plan_release``, ``plan_hand_on``), and hands them to :func:`apply`
+with a :class:`CallWriter`: the writes a backend knows how to make, on that
 one locked call. The Redis store applies the same writes in Lua (``lua/_lib.lua``).
 """
 
@@ -35,6 +35,11 @@ class CallWriter(abc.ABC):
     def let_go(self, token: str) -> None:
         """Free the call's lease if the lease with ``token`` holds it."""
 
+    @abc.abstractmethod
+    def hand_on(self, lease: Lease) -> None:
+        """Mark ``lease``'s attempt (live, holding the call) as the one that handed the call
+        on, and free the lease."""
+
 
 def apply(writes: Writes, call: CallWriter) -> Any:
     """Make ``writes`` on ``call``, in :class:`~aaa_celery.lifecycle.Writes`' order, and
@@ -47,4 +52,6 @@ def apply(writes: Writes, call: CallWriter) -> Any:
         call.append(writes.event)
     if writes.let_go is not None:
         call.let_go(writes.let_go)
+    if writes.hand_on is not None:
+        call.hand_on(writes.hand_on)
     return writes.reply

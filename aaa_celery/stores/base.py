@@ -62,6 +62,13 @@ class Store(abc.ABC):
         """Give the lease back without a result (the attempt counts as lost)."""
 
     @abc.abstractmethod
+    def hand_on(self, lease: Lease) -> None:
+        """End ``lease``'s attempt without a result, handing the call on to its next
+        delivery (a retry the body asked for): the lease is freed and ``aaa.tool.retried``
+        recorded; the next delivery claims the next attempt, under at_most_once too
+        (the attempt was not lost), and it counts toward ``max_attempts``."""
+
+    @abc.abstractmethod
     def fenced(self, lease: Lease) -> None:
         """Record ``aaa.tool.fenced`` for an attempt that lost its lease and was cancelled."""
 

@@ -21,6 +21,7 @@ from ..lifecycle import (
     plan_begin,
     plan_fenced,
     plan_finish,
+    plan_hand_on,
     plan_release,
 )
 from ._writes import CallWriter, apply
@@ -36,15 +37,16 @@ class _Call:
     lease: Lease | None = None
     events: list[Event] = field(default_factory=list)
     recovery_until: float = 0.0
+    handed_on: int = 0
 
     def live(self, now: float) -> bool:
         return self.lease is not None and (self.lease.expires_at or 0) > now
 
     def state(self, now: float) -> CallState:
         if not self.live(now):
-            return CallState(self.attempts, self.result)
+            return CallState(self.attempts, self.result, handed_on=self.handed_on)
         assert self.lease is not None
-        return CallState(self.attempts, self.result, True, self.lease.worker, self.lease.expires_at)
+        return CallState(self.attempts, self.result, True, self.lease.worker, self.lease.expires_at, self.handed_on)
 
 
 @dataclass
@@ -70,6 +72,11 @@ class _Writer(CallWriter):
     def let_go(self, token: str) -> None:
         if self.call.lease is not None and self.call.lease.token == token:
             self.call.lease = None
+
+    def hand_on(self, lease: Lease) -> None:
+        self.call.handed_on = lease.attempt
+        self.call.lease = None
+        self.call.registered_at = self.now
 
 
 class MemoryStore(Store):
@@ -128,6 +135,14 @@ class MemoryStore(Store):
             if rec is not None:
                 apply(plan_fenced(lease), _Writer(rec, self.now()))
 
+    def hand_on(self, lease: Lease) -> None:
+        with self._lock:
+            rec = self._calls.get(lease.call_id)
+            if rec is not None:
+                now = self.now()
+                holds = rec.live(now) and rec.lease is not None and rec.lease.token == lease.token
+                apply(plan_hand_on(lease, holds), _Writer(rec, now))
+
     def events(self, call_id: str) -> list[Event]:
         with self._lock:
             rec = self._calls.get(call_id)
@@ -149,7 +164,8 @@ class MemoryStore(Store):
             for rec in self._calls.values():
                 if rec.result is not None or rec.live(now):
                     continue
-                if rec.attempts > 0 or rec.registered_at + unclaimed_grace_s <= now:
+                lapsed = rec.attempts > 0 and rec.handed_on != rec.attempts
+                if lapsed or rec.registered_at + unclaimed_grace_s <= now:
                     out.append(rec.spec)
             return out
 

@@ -71,6 +71,7 @@ from ..lifecycle import (
     BeginResult,
     Busy,
     CallSpec,
+    CallState,
     Claimed,
     Draft,
     Event,
@@ -80,18 +81,19 @@ from ..lifecycle import (
     Outcome,
     Refused,
     Stale,
-    attempt_cap,
+    decide_begin,
     fenced_event,
     merge_spec,
-    refusal,
     result_event,
+    retried_event,
+    spec_rank,
     stale_event,
     stamped,
     started_event,
 )
 from .base import Store, new_token, wrap_errors
 
-_SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "register", "claim_recovery")
+_SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "hand_on", "register", "claim_recovery")
 _CALL_KEYS = ("spec", "attempts", "result", "lease", "events")
 _INDEXES = ("running", "unclaimed")
 _ERRORS = (
@@ -125,22 +127,24 @@ def _json(record: CallSpec | Outcome) -> str:
 
 
 def _spec_args(call: CallSpec) -> list[Any]:
-    return [_json(call), call.name, call.idempotency_key, "1" if call.request else "0"]
+    return [_json(call), call.name, call.idempotency_key, str(spec_rank(call))]
 
 
 def _event_args(event: Draft) -> list[str]:
     return [event.id, event.to_json()]
 
 
-def _begin_args(spec: CallSpec, worker: str, config: GuardConfig, attempts: int) -> list[Any]:
-    """begin.lua's payloads for a call with ``attempts`` attempts so far: the started event
-    of the next one, or past the cap the refusal with its event. Only what that one case
-    needs travels (a call that turns out to have another count gets ``recount``)."""
-    cap = attempt_cap(config)
-    args = [spec.name, spec.idempotency_key, cap, attempts]
-    if attempts < cap:
-        return args + _event_args(started_event(spec, attempts + 1, worker))
-    failure = refusal(attempts, config)
+def _begin_args(spec: CallSpec, worker: str, config: GuardConfig, state: CallState) -> list[Any]:
+    """begin.lua's payloads for a call in ``state`` (its attempts so far and the attempt
+    that handed it on): the started event of the next attempt, or the refusal with its
+    event, as lifecycle.decide_begin says. Only what that one case needs travels (a call
+    found in another state gets ``recount``)."""
+    decision = decide_begin(state, config)
+    cap = state.attempts if decision.kind == "refuse" else state.attempts + 1
+    args = [spec.name, spec.idempotency_key, cap, state.attempts, state.handed_on]
+    if decision.refusal is None:
+        return args + _event_args(started_event(spec, state.attempts + 1, worker))
+    failure = decision.refusal
     return args + [_json(failure), *_event_args(result_event(spec, failure))]
 
 
@@ -300,17 +304,17 @@ class RedisStore(Store):
     def begin(self, call: CallSpec, worker: str, config: GuardConfig) -> BeginResult:
         token, ttl_s = new_token(), config.lease_ttl_s
         spec = merge_spec(self._known_spec(call.call_id), call)
-        attempts = 0  # a new call: its first delivery is by far the most common begin
+        state = CallState()  # a new call: its first delivery is by far the most common begin
         for _ in range(_TRIES):
             reply = self._run(
                 "begin", call.call_id, *_spec_args(call), worker, token, _ms(ttl_s), self.retention_s,
-                *_begin_args(spec, worker, config, attempts),
+                *_begin_args(spec, worker, config, state),
             )
             kind = reply[0]
             if kind == "respec":
                 spec = CallSpec.from_json(reply[1])
             elif kind == "recount":
-                attempts = reply[1]
+                state = CallState(reply[1], handed_on=reply[2])
             else:
                 break
         else:
@@ -321,7 +325,9 @@ class RedisStore(Store):
             return Busy(reply[1], reply[2] / 1000)
         self._remember(spec)
         if kind == "refused":
-            return Refused(refusal(attempts, config))
+            decision = decide_begin(state, config)
+            assert decision.refusal is not None
+            return Refused(decision.refusal)
         return Claimed(Lease(call.call_id, reply[1], worker, token, ttl_s, reply[2] / 1000))
 
     def renew(self, lease: Lease) -> bool:
@@ -357,6 +363,9 @@ class RedisStore(Store):
 
     def fenced(self, lease: Lease) -> None:
         self._run("fenced", lease.call_id, lease.token, *_event_args(fenced_event(lease)))
+
+    def hand_on(self, lease: Lease) -> None:
+        self._run("hand_on", lease.call_id, lease.token, lease.attempt, *_event_args(retried_event(lease)))
 
     def register(self, call: CallSpec) -> None:
         self._run("register", call.call_id, *_spec_args(call))

@@ -41,10 +41,12 @@ from ..lifecycle import (
     FinishResult,
     Lease,
     Outcome,
+    Writes,
     merge_spec,
     plan_begin,
     plan_fenced,
     plan_finish,
+    plan_hand_on,
     plan_release,
 )
 from ._writes import CallWriter, apply
@@ -64,6 +66,7 @@ calls = sa.Table(
     sa.Column("lease_attempt", sa.Integer),
     sa.Column("lease_expires_at", sa.Double),
     sa.Column("recovery_until", sa.Double, nullable=False, default=0.0),
+    sa.Column("handed_on", sa.Integer, nullable=False, default=0),
 )
 
 results = sa.Table(
@@ -130,6 +133,17 @@ def claim_attempt(call_id: str, lease: Lease) -> sa.Update:
     )
 
 
+def hand_on_attempt(call_id: str, lease: Lease, now: float) -> sa.Update:
+    """Mark the lease's attempt as the one that handed the call on, free the lease, and let
+    the call wait for its next delivery as if registered ``now``; matches no row unless
+    that lease still holds the call."""
+    return (
+        calls.update()
+        .where(calls.c.call_id == call_id, calls.c.lease_token == lease.token)
+        .values(handed_on=lease.attempt, registered_at=now, **_NO_LEASE)
+    )
+
+
 def clear_lease(call_id: str, token: str | None = None) -> sa.Update:
     """Free a call's lease: any lease, or only the one with ``token``."""
     stmt = calls.update().where(calls.c.call_id == call_id)
@@ -177,14 +191,18 @@ def select_events(call_id: str) -> sa.Select[Any]:
 
 
 def select_unfinished(now: float, unclaimed_grace_s: float) -> sa.Select[Any]:
-    """Calls without a result that were claimed, or registered longer than the grace
-    ago; the store then drops those whose lease is still live."""
+    """Calls without a result that were claimed (and not handed on by their last attempt),
+    or registered (or handed on) longer than the grace ago; the store then drops those
+    whose lease is still live."""
     return (
         sa.select(calls)
         .outerjoin(results, results.c.call_id == calls.c.call_id)
         .where(
             results.c.call_id.is_(None),
-            sa.or_(calls.c.attempts > 0, calls.c.registered_at + unclaimed_grace_s <= now),
+            sa.or_(
+                sa.and_(calls.c.attempts > 0, calls.c.handed_on != calls.c.attempts),
+                calls.c.registered_at + unclaimed_grace_s <= now,
+            ),
         )
         .order_by(calls.c.registered_at, calls.c.call_id)
     )
@@ -228,6 +246,9 @@ class _Writer(CallWriter):
 
     def let_go(self, token: str) -> None:
         self.conn.execute(clear_lease(self.call_id, token))
+
+    def hand_on(self, lease: Lease) -> None:
+        self.conn.execute(hand_on_attempt(self.call_id, lease, self.now))
 
 
 class SQLStore(Store):
@@ -286,8 +307,8 @@ class SQLStore(Store):
         """The locked call's state; ``holder_live`` says whether its lease is live."""
         result = self._result(conn, row.call_id)
         if not holder_live:
-            return CallState(row.attempts, result)
-        return CallState(row.attempts, result, True, row.lease_worker or "", row.lease_expires_at)
+            return CallState(row.attempts, result, handed_on=row.handed_on)
+        return CallState(row.attempts, result, True, row.lease_worker or "", row.lease_expires_at, row.handed_on)
 
     def _begin(
         self,
@@ -329,11 +350,22 @@ class SQLStore(Store):
             self._let_go(lease)
 
     def fenced(self, lease: Lease) -> None:
+        self._audit_and_let_go(lease, lambda row, live: plan_fenced(lease))
+
+    def hand_on(self, lease: Lease) -> None:
+        self._audit_and_let_go(lease, lambda row, live: plan_hand_on(lease, live and row.lease_token == lease.token))
+
+    def _audit_and_let_go(self, lease: Lease, plan: Callable[[Row[Any], bool], Writes]) -> None:
+        """Lock a known call's row, apply ``plan(row, whether its lease is live)``, and free
+        what the backend holds for ``lease``."""
         try:
             with self._write() as conn:
-                if conn.execute(select_call_for_update(lease.call_id)).one_or_none() is None:
+                row = conn.execute(select_call_for_update(lease.call_id)).one_or_none()
+                if row is None:
                     return
-                apply(plan_fenced(lease), _Writer(self.insert, conn, lease.call_id, self.now()))
+                now = self.now()
+                live = row.call_id in self._live([row], now, conn)
+                apply(plan(row, live), _Writer(self.insert, conn, lease.call_id, now))
         finally:
             self._let_go(lease)
 

@@ -1,4 +1,5 @@
-"""A guarded task class's own options, validated when the class is made.
+"""A guarded task class's own options, validated when the class is made, and what is
+computed once per task class.
 
 ``aaa_guard`` (the app-wide default, a dict or ``GuardConfig``) and the task's
 ``guard``/``delivery`` options are merged once per task class and app.
@@ -7,10 +8,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from ..config import GuardConfig, build_config, parse_delivery, validate_overrides
+from ..config import GuardConfig, RetryPolicy, build_config, parse_delivery, validate_overrides
 from ..errors import ConfigError
+from . import calls
 
 
 @dataclass(frozen=True)
@@ -38,3 +40,48 @@ class TaskOptions:
         if not isinstance(base, GuardConfig):
             base = build_config(dict(base), where="aaa_guard")
         return base.merged(self.overrides)
+
+
+class GuardOptions:
+    """The guard's task options and what is computed once per task class (a mixin of
+    ``GuardedTask``): the merged config and the task function's signature."""
+
+    delivery: ClassVar[str | None] = None
+    idempotency_key: ClassVar[Any] = None
+    guard: ClassVar[dict[str, Any] | GuardConfig | None] = None
+    timeout_s: ClassVar[float | None] = None
+    result_retry: ClassVar[RetryPolicy] = RetryPolicy()
+    #: The call's name in the audit trail (the tool name for tools).
+    audit_name: ClassVar[str | None] = None
+
+    _options: ClassVar[TaskOptions] = TaskOptions({})
+    _aaa_config: ClassVar[GuardConfig | None] = None
+    _aaa_signature: ClassVar[calls.Signature | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._options = TaskOptions.of(cls.__dict__, cls)
+        cls._aaa_config = None
+        cls._aaa_signature = None
+        if "run" in cls.__dict__ and "__header__" in cls.__dict__:
+            # Celery checks a call's arguments against the function when it is sent;
+            # ``ctx`` is the guard's to inject, so the check must not ask for it.
+            header = calls.header_without_context(cls.__dict__["run"])
+            if header is not None:
+                cls.__header__ = staticmethod(header)  # type: ignore[attr-defined]
+
+    @property
+    def guard_config(self) -> GuardConfig:
+        """The app default (``aaa_guard``) with this task's overrides applied."""
+        cls = type(self)
+        if cls._aaa_config is None:
+            cls._aaa_config = cls._options.config(self.app.conf)  # type: ignore[attr-defined]
+        return cls._aaa_config
+
+    @property
+    def signature_(self) -> calls.Signature:
+        """The task function's signature, computed once per task class."""
+        cls = type(self)
+        if cls._aaa_signature is None:
+            cls._aaa_signature = calls.Signature(self.run)  # type: ignore[attr-defined]
+        return cls._aaa_signature

@@ -25,25 +25,27 @@ _local = threading.local()
 
 
 @contextmanager
-def capture(task_name: str) -> Iterator[dict[str, Any]]:
-    """Capture the message this thread publishes for ``task_name`` (into the yielded dict)."""
+def capture(task_name: str | None) -> Iterator[dict[str, Any]]:
+    """Capture the first message this thread publishes for ``task_name`` (None: for any
+    task) into the yielded dict, under ``"message"``. Captures nest: an inner one does
+    not hide a message from an outer one."""
     captured: dict[str, Any] = {"task": task_name}
-    outer = getattr(_local, "pending", None)
-    _local.pending = captured
+    stack = _local.__dict__.setdefault("pending", [])
+    stack.append(captured)
     try:
         yield captured
     finally:
-        _local.pending = outer
+        stack.remove(captured)
 
 
 def on_before_publish(sender: str | None = None, body: Any = None, exchange: Any = None,
                       routing_key: str | None = None, headers: dict[str, Any] | None = None,
                       properties: dict[str, Any] | None = None, declare: Any = None, **_: Any) -> None:
     """``before_task_publish`` receiver: keep the outgoing message of a guarded publish."""
-    pending = getattr(_local, "pending", None)
-    if pending is None or pending.get("task") != sender or "message" in pending:
+    waiting = [c for c in getattr(_local, "pending", ()) if "message" not in c and c["task"] in (None, sender)]
+    if not waiting:
         return
-    pending["message"] = CODEC.encode({
+    message = CODEC.encode({
         "body": list(body) if isinstance(body, tuple) else body,
         "exchange": exchange.name if isinstance(exchange, Exchange) else exchange,
         "routing_key": routing_key,
@@ -51,6 +53,8 @@ def on_before_publish(sender: str | None = None, body: Any = None, exchange: Any
         "properties": dict(properties or {}),
         "queues": [getattr(q, "name", q) for q in declare or () if getattr(q, "name", None)],
     })
+    for captured in waiting:
+        captured["message"] = message
 
 
 def republish(app: Any, producer: Any, stored: dict[str, Any]) -> None:

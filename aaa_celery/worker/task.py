@@ -10,25 +10,24 @@ from __future__ import annotations
 
 import os
 import threading
-import uuid
-from typing import Any, ClassVar
+from typing import Any
 
 from celery import Task
 from celery.exceptions import Ignore, Reject
 
-from ..config import GuardConfig, RetryPolicy
 from ..context import ToolContext
 from ..guard import Dropped, GuardRunner, HandBack, run_unguarded
 from ..lifecycle import CallSpec
 from . import calls, publish
 from .codec import CODEC
+from .control import REPLACED, control_for, raise_for
 from .events import TaskEvents
 from .install import attach
-from .options import TaskOptions
+from .options import GuardOptions
 from .stores import app_store
 
 
-class GuardedTask(Task):  # type: ignore[misc]
+class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
     """A Celery task whose every execution is leased, numbered and fenced.
 
     Guard options are task options, validated when the task class is made::
@@ -45,49 +44,9 @@ class GuardedTask(Task):  # type: ignore[misc]
     acks_late = True
     reject_on_worker_lost = True
 
-    delivery: ClassVar[str | None] = None
-    idempotency_key: ClassVar[Any] = None
-    guard: ClassVar[dict[str, Any] | GuardConfig | None] = None
-    timeout_s: ClassVar[float | None] = None
-    result_retry: ClassVar[RetryPolicy] = RetryPolicy()
-    #: The call's name in the audit trail (the tool name for tools).
-    audit_name: ClassVar[str | None] = None
-
-    _options: ClassVar[TaskOptions] = TaskOptions({})
-    _aaa_config: ClassVar[GuardConfig | None] = None
-    _aaa_signature: ClassVar[calls.Signature | None] = None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls._options = TaskOptions.of(cls.__dict__, cls)
-        cls._aaa_config = None
-        cls._aaa_signature = None
-        if "run" in cls.__dict__ and "__header__" in cls.__dict__:
-            # Celery checks a call's arguments against the function when it is sent;
-            # ``ctx`` is the guard's to inject, so the check must not ask for it.
-            header = calls.header_without_context(cls.__dict__["run"])
-            if header is not None:
-                cls.__header__ = staticmethod(header)
-
     @classmethod
     def on_bound(cls, app: Any) -> None:
         attach(app)  # every worker of an app with guarded tasks runs the recovery sweep
-
-    @property
-    def guard_config(self) -> GuardConfig:
-        """The app default (``aaa_guard``) with this task's overrides applied."""
-        cls = type(self)
-        if cls._aaa_config is None:
-            cls._aaa_config = cls._options.config(self.app.conf)
-        return cls._aaa_config
-
-    @property
-    def signature_(self) -> calls.Signature:
-        """The task function's signature, computed once per task class."""
-        cls = type(self)
-        if cls._aaa_signature is None:
-            cls._aaa_signature = calls.Signature(self.run)
-        return cls._aaa_signature
 
     # -- publishing ---------------------------------------------------------
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any) -> Any:
@@ -98,12 +57,14 @@ class GuardedTask(Task):  # type: ignore[misc]
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         with publish.capture(self.name) as sent:
             result = super().apply_async(args, kwargs, task_id=task_id, **options)
-        message = sent.get("message")
-        if message is not None:
-            headers = calls.aaa_headers(message["headers"])
-            spec = self.call_spec(result.id, list(args or ()), dict(kwargs or {}), message["routing_key"], headers)
-            app_store(self.app).register(calls.with_message(spec, message))
+        if sent.get("message") is not None:
+            self._register(result.id, args, kwargs, sent["message"], calls.aaa_headers(sent["message"]["headers"]))
         return result
+
+    def _register(self, call_id: str, args: Any, kwargs: Any, message: dict[str, Any], headers: dict[str, Any]) -> None:
+        """Register the call with ``message`` as sent: what recovery sends again."""
+        spec = self.call_spec(call_id, list(args or ()), dict(kwargs or {}), message["routing_key"], headers)
+        app_store(self.app).register(calls.with_message(spec, message))
 
     def call_spec(self, call_id: str, args: list[Any], kwargs: dict[str, Any], queue: str | None,
                   headers: dict[str, Any]) -> CallSpec:
@@ -142,7 +103,7 @@ class GuardedTask(Task):  # type: ignore[misc]
         call = calls.call_spec(self.name, self.audit_name or self.name, req.id, key, list(args), dict(kwargs),
                                queue, headers)
         runner = GuardRunner(app_store(self.app), config, self.timeout_s, type(self).result_retry,
-                             TaskEvents(self, self.audit_name or self.name), CODEC)
+                             TaskEvents(self, self.audit_name or self.name), CODEC, control_for(req), raise_for)
         worker = f"{req.hostname}/{os.getpid()}/{threading.get_ident()}"
         try:
             return runner.run(call, worker, lambda attempt: self.body(args, kwargs, calls.context(req, key, attempt)))
@@ -150,3 +111,16 @@ class GuardedTask(Task):  # type: ignore[misc]
             raise Ignore() from None  # acked without a result: the call lives on in the store
         except HandBack as e:
             raise Reject(e.reason, requeue=True) from None
+
+    def replace(self, sig: Any) -> Any:
+        """``Task.replace``: the replacement's message becomes the call's, and this attempt
+        hands the call on to it (see :mod:`aaa_celery.worker.control`)."""
+        with publish.capture(None) as sent:
+            try:
+                return super().replace(sig)
+            except Ignore:
+                req = self.request
+                setattr(req, REPLACED, True)
+                if sent.get("message") is not None and self.guard_config.enabled:
+                    self._register(req.id, req.args, req.kwargs, sent["message"], calls.aaa_headers(req))
+                raise

@@ -70,6 +70,66 @@ def make_app(env: Mapping[str, str]) -> Celery:
         record("start", self.request.id)
         return f"{text}+{tag}"
 
+    @app.task(bind=True, shared=False, name="compat.flaky", delivery="at_most_once")
+    def flaky(self: Any, retries: int) -> int:
+        record("start", self.request.id)
+        if self.request.retries < retries:
+            raise self.retry(countdown=0.5, max_retries=5)
+        return self.request.retries
+
+    @app.task(bind=True, shared=False, name="compat.auto", autoretry_for=(KeyError,),
+              retry_kwargs={"max_retries": 2, "countdown": 0.3})
+    def auto(self: Any) -> int:
+        record("start", self.request.id)
+        if self.request.retries < 2:
+            raise KeyError("not yet")
+        return self.request.retries
+
+    @app.task(bind=True, shared=False, name="compat.ignored")
+    def ignored(self: Any) -> None:
+        from celery.exceptions import Ignore
+
+        record("start", self.request.id)
+        raise Ignore()
+
+    @app.task(bind=True, shared=False, name="compat.rejected")
+    def rejected(self: Any) -> None:
+        from celery.exceptions import Reject
+
+        record("start", self.request.id)
+        raise Reject("not for us", requeue=False)
+
+    @app.task(bind=True, shared=False, name="compat.replaced")
+    def replaced(self: Any, x: int) -> Any:
+        record("start", self.request.id)
+        return self.replace(add.s(x, 100))
+
+    @app.task(bind=True, shared=False, name="compat.progress")
+    def progress(self: Any) -> str:
+        self.update_state(state="PROGRESS", meta={"done": 1})
+        time.sleep(1.5)
+        return "ok"
+
+    @app.task(shared=False, name="compat.total")
+    def total(values: list[int]) -> int:
+        return sum(values)
+
+    class Hooked(app.Task):  # type: ignore[misc,name-defined]
+        def on_success(self, retval: Any, task_id: str, args: Any, kwargs: Any) -> None:
+            record("on_success", task_id)
+
+        def on_failure(self, exc: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+            record("on_failure", task_id)
+
+        def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+            record(f"after_return:{status}", task_id)
+
+    @app.task(base=Hooked, shared=False, name="compat.hooked")
+    def hooked(fail: bool) -> str:
+        if fail:
+            raise ValueError("on purpose")
+        return "fine"
+
     @app.task(shared=False, name="compat.opaque")
     def opaque() -> Any:
         return object()

@@ -63,6 +63,7 @@ from aaa_celery.lifecycle import (
     merge_spec,
     plan_begin,
     plan_fenced,
+    plan_hand_on,
     plan_finish,
     plan_release,
 )
@@ -83,7 +84,7 @@ settings.register_profile("store-property-deep", stateful_step_count=60, **_COMM
 
 #: Examples per backend and profile: about the same wall time on each backend.
 EXAMPLES = {
-    "ci": {"memory": 150, "sqlite": 40, "redis": 40, "redis-cluster": 30, "postgresql": 40},
+    "ci": {"memory": 300, "sqlite": 80, "redis": 100, "redis-cluster": 60, "postgresql": 60},
     "deep": {"memory": 2000, "sqlite": 400, "redis": 400, "redis-cluster": 300, "postgresql": 250},
 }
 
@@ -157,6 +158,7 @@ class ModelCall:
     lease: ModelLease | None = None
     events: list[tuple[Draft, float]] = field(default_factory=list)
     recovery_until: float = 0.0
+    handed_on: int = 0
 
 
 @dataclass
@@ -203,8 +205,8 @@ class StoreMachine(RuleBasedStateMachine):
     def state(self, call: ModelCall) -> CallState:
         lease = call.lease
         if lease is None or not self.live(lease):
-            return CallState(call.attempts, call.result)
-        return CallState(call.attempts, call.result, True, lease.worker, lease.expires_at)
+            return CallState(call.attempts, call.result, handed_on=call.handed_on)
+        return CallState(call.attempts, call.result, True, lease.worker, lease.expires_at, call.handed_on)
 
     def see(self, spec: CallSpec) -> ModelCall:
         """The call's record, created at first sight, with the spec in force."""
@@ -228,6 +230,10 @@ class StoreMachine(RuleBasedStateMachine):
             call.events.append((writes.event, self.now()))
         if writes.let_go is not None and call.lease is not None and call.lease.token == writes.let_go:
             call.lease = None
+        if writes.hand_on is not None:
+            call.handed_on = writes.hand_on.attempt
+            call.lease = None
+            call.registered_at = self.now()
 
     # Drawing.
 
@@ -355,6 +361,16 @@ class StoreMachine(RuleBasedStateMachine):
         writes = plan_fenced(held.lease) if fenced else plan_release(held.lease)
         self.apply(self.calls[held.lease.call_id], writes)
 
+    @precondition(lambda self: self.held)
+    @rule(pick=st.integers(0, 10**6), by=st.integers(0, 2))
+    def hand_on(self, pick: int, by: int) -> None:
+        """The holder's body asks to be retried: the attempt hands the call on."""
+        held = self.held[pick % len(self.held)]
+        rec = self.calls[held.lease.call_id]
+        holds = rec.lease is not None and rec.lease.token == held.lease.token and self.live(rec.lease)
+        self.lease_store(held, by).hand_on(held.lease)
+        self.apply(rec, plan_hand_on(held.lease, holds))
+
     def holding(self) -> list[Held]:
         """The leases that hold their call now."""
         out = []
@@ -428,7 +444,7 @@ class StoreMachine(RuleBasedStateMachine):
         want = {
             cid: rec.spec for cid, rec in self.calls.items()
             if rec.result is None and not self.live(rec.lease)
-            and (rec.attempts > 0 or rec.registered_at + grace <= self.now())
+            and ((rec.attempts > 0 and rec.handed_on != rec.attempts) or rec.registered_at + grace <= self.now())
         }
         assert got == want
 

@@ -3,7 +3,8 @@
 -- Every call script gets the same KEYS, all under the hash tag {<p>:<shard>} of the call's
 -- shard (shard = crc32(call id) % shards, see redis.py), so a script touches one hash slot
 -- only and runs on Redis Cluster. Written <t> = <p>:{<p>:<shard>} below:
---   KEYS[1] <t>:<call>:spec      hash: json (CallSpec), name, ikey, req ("1" if it has a request)
+--   KEYS[1] <t>:<call>:spec      hash: json (CallSpec), name, ikey, req (lifecycle.spec_rank),
+--                                handed (the attempt that last handed the call on, if any)
 --   KEYS[2] <t>:<call>:attempts  integer: the last attempt number, the fencing token
 --   KEYS[3] <t>:<call>:result    string: the one Outcome JSON
 --   KEYS[4] <t>:<call>:lease     hash with a PX TTL: token, worker, attempt
@@ -46,15 +47,16 @@ local function drop_lease()
   redis.call('ZADD', RUNNING, 'XX', 0, CALL)
 end
 
--- Store the call's spec unless known; a spec with a request replaces one without
--- (lifecycle.merge_spec). Returns true when the call is new.
-local function ensure_spec(json, name, ikey, req)
+-- Store the call's spec unless known; `rank` is lifecycle.spec_rank of the spec ("0",
+-- "1" or "2"), and a spec replaces the stored one as lifecycle.merge_spec says: when it
+-- ranks higher, and always at rank 2 (a message as sent). Returns true when the call is new.
+local function ensure_spec(json, name, ikey, rank)
   if redis.call('EXISTS', SPEC) == 0 then
-    redis.call('HSET', SPEC, 'json', json, 'name', name, 'ikey', ikey, 'req', req)
+    redis.call('HSET', SPEC, 'json', json, 'name', name, 'ikey', ikey, 'req', rank)
     return true
   end
-  if req == '1' and redis.call('HGET', SPEC, 'req') ~= '1' then
-    redis.call('HSET', SPEC, 'json', json, 'name', name, 'ikey', ikey, 'req', req)
+  if rank == '2' or tonumber(rank) > tonumber(redis.call('HGET', SPEC, 'req') or '0') then
+    redis.call('HSET', SPEC, 'json', json, 'name', name, 'ikey', ikey, 'req', rank)
   end
   return false
 end

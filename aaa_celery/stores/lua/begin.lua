@@ -3,24 +3,26 @@
 -- KEYS: the call keys of _lib.lua.
 -- ARGV[1] call id
 -- ARGV[2] the delivered CallSpec JSON    ARGV[3] its name    ARGV[4] its idempotency key
--- ARGV[5] "1" if it has a request (the spec is kept as lifecycle.merge_spec says)
+-- ARGV[5] its lifecycle.spec_rank (the spec is kept as lifecycle.merge_spec says)
 -- ARGV[6] worker      ARGV[7] new lease token      ARGV[8] lease TTL (ms)
 -- ARGV[9] retention of a finished call's keys (s)
 -- ARGV[10], ARGV[11] name and idempotency key of the spec the events below were built for
--- ARGV[12] lifecycle.attempt_cap: from this many attempts on, a lapsed call is refused
--- ARGV[13] n, the attempt count the payloads below are for (Python sends 0 first), then
---   if n < cap: ARGV[14], ARGV[15] id and JSON of attempt n+1's aaa.tool.started event
+-- ARGV[12] from this many attempts on, the call is refused (lifecycle.decide_begin's cap for
+--   the state below: attempt_cap, or max_attempts after an attempt that handed the call on)
+-- ARGV[13] n, the attempt count the payloads below are for
+--   (Python sends 0 first), ARGV[14] h, the attempt that handed the call on (0: none), then
+--   if n < cap: ARGV[15], ARGV[16] id and JSON of attempt n+1's aaa.tool.started event
 --     (lifecycle.started_event);
---   else: ARGV[14] the refusal Outcome JSON (lifecycle.refusal), ARGV[15], ARGV[16] id
+--   else: ARGV[15] the refusal Outcome JSON (lifecycle.refusal), ARGV[16], ARGV[17] id
 --     and JSON of its result event (lifecycle.result_event).
 -- Touches: spec (created or upgraded), and on a claim attempts, lease, events, running,
 -- unclaimed, recovery (deleted); on a refusal result, lease, events, running, unclaimed and the TTLs.
 -- Returns {"finished", outcome JSON} | {"busy", worker, expires ms} | {"refused"} |
 --         {"claimed", attempt, expires ms}, or, having written nothing but the spec:
 --         {"respec", spec JSON}: the spec in force is not the one the events were built for;
---         {"recount", attempts}: the call has another attempt count than n (a call run
---         before, or one that ran under another config), so the payloads must be built
---         for that count.
+--         {"recount", attempts, handed}: the call has another attempt count than n, or
+--         another attempt handed it on than h (a call run before, or one that ran under
+--         another config), so the payloads must be built for that state.
 
 local now, at = clock()
 ensure_spec(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
@@ -38,11 +40,12 @@ if spec then
 end
 
 local attempts = tonumber(redis.call('GET', ATTEMPTS) or '0')
-if attempts ~= tonumber(ARGV[13]) then
-  return {'recount', attempts}
+local handed = tonumber(redis.call('HGET', SPEC, 'handed') or '0')
+if attempts ~= tonumber(ARGV[13]) or handed ~= tonumber(ARGV[14]) then
+  return {'recount', attempts, handed}
 end
 if attempts >= tonumber(ARGV[12]) then
-  record(ARGV[14], ARGV[15], ARGV[16], at, ARGV[9])
+  record(ARGV[15], ARGV[16], ARGV[17], at, ARGV[9])
   return {'refused'}
 end
 
@@ -54,5 +57,5 @@ redis.call('PEXPIRE', LEASE, ARGV[8])
 redis.call('ZREM', UNCLAIMED, CALL)
 redis.call('ZADD', RUNNING, expires, CALL)
 redis.call('DEL', RECOVERY)  -- claimed: a later crash may be recovered at once
-push_event(ARGV[14], ARGV[15], at)
+push_event(ARGV[15], ARGV[16], at)
 return {'claimed', attempt, expires}

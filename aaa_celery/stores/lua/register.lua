@@ -2,7 +2,7 @@
 --
 -- KEYS: the call keys of _lib.lua.
 -- ARGV[1] call id     ARGV[2] CallSpec JSON     ARGV[3] name     ARGV[4] idempotency key
--- ARGV[5] "1" if the spec has a request
+-- ARGV[5] the spec's lifecycle.spec_rank
 -- Touches: spec (created, or given the request it lacked); unclaimed for a new call.
 -- Returns 1 for a new call, 0 for a known one.
 

@@ -1,0 +1,50 @@
+"""Celery's control-flow exceptions under the guard.
+
+A body may end its attempt the Celery way. What each means for the call:
+
+* ``Retry`` (``self.retry()``, ``autoretry_for``), ``Reject(requeue=True)`` and the
+  ``Ignore`` that ``Task.replace`` raises hand the call on: the attempt ends without a
+  result (``aaa.tool.retried``) and the next delivery (the retry's message, the
+  requeued one, the replacement) is the next attempt. It counts toward
+  ``max_attempts``, and it runs under ``at_most_once`` too: that policy refuses to run
+  a call again after an attempt was *lost* (nobody knows whether its effect happened),
+  while a body that asks to be retried has reported that it is not done.
+* ``Ignore`` and ``Reject(requeue=False)`` end the call without a value: that is
+  recorded as its one outcome, and a later delivery raises the same again, so neither
+  the broker nor recovery ever runs it once more.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.exceptions import Ignore, Reject, Retry
+
+from ..guard import error_for
+from ..lifecycle import Outcome
+
+#: Set on a request whose body replaced itself (``Task.replace``).
+REPLACED = "_aaa_replaced"
+
+
+def control_for(request: Any) -> Any:
+    """The guard's reading of the control-flow exceptions of one request's body."""
+
+    def control(error: BaseException) -> str | None:
+        if isinstance(error, Retry) or (isinstance(error, Reject) and error.requeue):
+            return "hand_on"
+        if isinstance(error, Ignore) and getattr(request, REPLACED, False):
+            return "hand_on"
+        return None
+
+    return control
+
+
+def raise_for(outcome: Outcome) -> BaseException:
+    """The exception a recorded failure raises for a Celery delivery: a recorded
+    ``Ignore`` or ``Reject`` comes back as itself."""
+    if outcome.error == "Ignore":
+        return Ignore(outcome.message)
+    if outcome.error == "Reject":
+        return Reject(outcome.message, requeue=False)
+    return error_for(outcome)
