@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Ignore, Reject, Retry, TaskRevokedError
 
 from ..guard import error_for
 from ..lifecycle import Outcome
@@ -42,9 +42,11 @@ def control_for(request: Any) -> Any:
 
 def raise_for(outcome: Outcome) -> BaseException:
     """The exception a recorded failure raises for a Celery delivery: a recorded
-    ``Ignore`` or ``Reject`` comes back as itself."""
+    ``Ignore``, ``Reject`` or revocation comes back as itself."""
     if outcome.error == "Ignore":
         return Ignore(outcome.message)
     if outcome.error == "Reject":
         return Reject(outcome.message, requeue=False)
+    if outcome.error == "TaskRevokedError":
+        return TaskRevokedError(outcome.message)
     return error_for(outcome)

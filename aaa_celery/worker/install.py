@@ -1,10 +1,11 @@
 """Wire the guard into a Celery app, explicitly: nothing here runs at import.
 
 :func:`attach` adds the recovery bootstep to the app's workers and connects the
-guard's two signal receivers, each with a ``dispatch_uid`` so it is connected once
+guard's signal receivers, each with a ``dispatch_uid`` so it is connected once
 however often it runs: ``worker_process_init`` (a forked pool child opens its own
-store connections) and ``before_task_publish`` (captures a guarded task's message
-as sent, for recovery; it ignores every other publish). ``GuardedTask`` calls it when a task is bound to an app;
+store connections), ``before_task_publish`` (captures a guarded task's message as
+sent, for recovery; it ignores every other publish) and ``task_revoked`` (records a
+revoked or expired guarded call, so nothing runs it again). ``GuardedTask`` calls it when a task is bound to an app;
 :func:`install` also checks the app's settings first.
 """
 
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery.signals import before_task_publish, worker_process_init
+from celery.signals import before_task_publish, task_revoked, worker_process_init
 
 from .bootstep import RecoveryStep
 from .publish import on_before_publish
+from .revoke import on_task_revoked
 from .settings import check_settings
 from .stores import forget_inherited
 
@@ -30,6 +32,7 @@ def attach(app: Any) -> Any:
         app.steps["worker"].add(RecoveryStep)
     worker_process_init.connect(_reopen_after_fork, weak=False, dispatch_uid="aaa_celery.reopen_after_fork")
     before_task_publish.connect(on_before_publish, weak=False, dispatch_uid="aaa_celery.capture_message")
+    task_revoked.connect(on_task_revoked, weak=False, dispatch_uid="aaa_celery.record_revoked")
     return app
 
 

@@ -26,6 +26,17 @@ class Compat:
         self.mode, self.fleet, self.app = mode, fleet, app
         self.ledger = Ledger(url)
 
+    def replace_worker(self, worker: Any, *, kill: bool = False) -> None:
+        """Stop one worker (``kill -9`` if ``kill``) and start a fresh one in its place."""
+        worker.kill() if kill else worker.stop()
+        self.fleet.workers.remove(worker)
+        self.fleet.add()
+
+    def restart(self) -> None:
+        """Every worker stopped and new ones started (their in-memory revoked sets are gone)."""
+        for worker in list(self.fleet.workers):
+            self.replace_worker(worker)
+
     def starts(self, task_id: str) -> list[dict[str, Any]]:
         """The body starts of a call, from the ledger."""
         return self.ledger.entries(task_id, "start")

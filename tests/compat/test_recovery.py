@@ -25,15 +25,9 @@ def test_a_chain_whose_first_step_s_holder_is_killed_still_completes(compat):
     result = chain(tasks["compat.slow"].s(3.0, "a"), tasks["compat.append"].s("b")).apply_async()
     first_id = result.parent.id
     first = wait_for(lambda: compat.starts(first_id), 20, "the first step started")[0]
-    holder = compat.fleet.worker_of(first["pid"])
-    holder.kill()
-    try:
-        assert result.get(timeout=40) == "a+b"
-        assert len(compat.starts(first_id)) == 2  # attempt 2 of the first step, on the other worker
-    finally:
-        holder.proc = None
-        compat.fleet.workers.remove(holder)
-        compat.fleet.add()
+    compat.replace_worker(compat.fleet.worker_of(first["pid"]), kill=True)
+    assert result.get(timeout=40) == "a+b"
+    assert len(compat.starts(first_id)) == 2  # attempt 2 of the first step, on another worker
 
 
 def test_countdown_is_kept_while_recovery_runs(compat):
@@ -50,3 +44,47 @@ def test_an_expired_call_is_never_run(compat):
     time.sleep(4.0)  # two recovery sweeps past the 2 s grace
     assert compat.starts(result.id) == []
     assert result.state == "REVOKED"
+
+
+def test_a_revoked_call_is_never_run_not_even_after_a_restart(compat):
+    """Reproduced on 702d210: a revoked call was republished every hold period and ran on
+    the first worker that had not seen the revoke (one restarted after it)."""
+    add = compat.app.tasks["compat.append"]
+    result = add.apply_async(("x", "y"), countdown=3)
+    result.revoke()
+    wait_for(lambda: result.state == "REVOKED", 20, "Celery revoked the call")
+    if compat.guarded:
+        from aaa_celery.worker import app_store
+
+        store = app_store(compat.app)
+        recorded = wait_for(lambda: store.result(result.id), 20, "the revocation recorded")
+        assert recorded.error == "TaskRevokedError"
+    # a worker that never saw the revoke gets a copy of the call
+    compat.restart()
+    from aaa_celery.testing import duplicate_delivery
+
+    again = duplicate_delivery(compat.app, result.id, "compat.append", ["x", "y"])
+    time.sleep(5.0)  # the copy is taken, and recovery sweeps past the 2 s grace
+    if compat.guarded:
+        assert compat.starts(result.id) == []
+        from celery.exceptions import TaskRevokedError
+
+        with pytest.raises(TaskRevokedError):
+            again.get(timeout=10)
+    else:
+        assert len(compat.starts(result.id)) == 1  # plain Celery runs what it was not told to revoke
+
+
+def test_terminating_a_running_call_records_it_as_revoked(compat):
+    if not compat.guarded:
+        pytest.skip("the store's record is the guard's")
+    from aaa_celery.worker import app_store
+
+    result = compat.app.tasks["compat.slow"].delay(30.0, "never")
+    wait_for(lambda: compat.starts(result.id), 20, "the body started")
+    result.revoke(terminate=True)
+    store = app_store(compat.app)
+    wait_for(lambda: store.result(result.id) is not None, 20, "the revocation recorded")
+    assert store.result(result.id).error == "TaskRevokedError"
+    time.sleep(4.0)  # past the lease TTL and recovery sweeps: no attempt 2
+    assert len(compat.starts(result.id)) == 1
