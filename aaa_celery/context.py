@@ -29,3 +29,15 @@ class ToolContext:
     tenant: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     tool_call_id: str | None = None
+
+    @classmethod
+    def direct(cls) -> ToolContext:
+        """The context of a direct call (a unit test calling the function): it is not
+        guarded, so there is no lease, no attempt record and no idempotency key.
+        ``meta["unguarded"]`` is True."""
+        return cls(engine=None, run_id="direct", call_id="direct", meta={"unguarded": True})
+
+    @property
+    def guarded(self) -> bool:
+        """Whether this call runs under the guard (False for a direct call)."""
+        return not self.meta.get("unguarded", False)

@@ -17,7 +17,7 @@ from ..worker import use_store
 from .registry import ToolRegistry
 from .tool import Tool
 
-__all__ = ["ToolHandler", "ToolTask", "store_of", "use_store"]
+__all__ = ["ToolHandler", "ToolTask", "ToolTaskHandle", "store_of", "use_store"]
 
 
 class ToolTask(GuardedTask):
@@ -57,6 +57,42 @@ def _add_routes(app: Celery, routes: dict[str, dict[str, str]]) -> None:
         app.conf.task_routes = (routes, *current)
 
 
+class ToolTaskHandle:
+    """A bound tool as a Celery task, sent with its arguments by name::
+
+        handler.bind(app)
+        result = handler.task("refund").delay(order_id="A-1")   # an AsyncResult
+        result.get(timeout=30)
+
+    Arguments are checked against the tool's schema before anything is published or
+    stored: wrong ones raise ``ToolArgsError`` here. ``apply_async`` takes Celery's
+    options (``countdown``, ``queue``, ``task_id``, ...); ``s`` makes a signature for a
+    canvas. ``task`` is the Celery task itself.
+    """
+
+    def __init__(self, task: Any, tool: Tool) -> None:
+        self.task, self.tool = task, tool
+
+    def _message(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        self.tool.validate_args(arguments)
+        return {"arguments": arguments}
+
+    def delay(self, **arguments: Any) -> Any:
+        """Send the call; returns its ``AsyncResult``."""
+        return self.task.apply_async(kwargs=self._message(arguments))
+
+    def apply_async(self, arguments: dict[str, Any] | None = None, **options: Any) -> Any:
+        """Send the call with Celery's options; returns its ``AsyncResult``."""
+        return self.task.apply_async(kwargs=self._message(dict(arguments or {})), **options)
+
+    def s(self, **arguments: Any) -> Any:
+        """A signature of the call, for ``chain``, ``group`` and ``chord``."""
+        return self.task.s(**self._message(arguments))
+
+    def __repr__(self) -> str:
+        return f"<ToolTaskHandle {self.task.name}>"
+
+
 class ToolHandler:
     """Executes the tools of a registry as guarded Celery tasks.
 
@@ -90,6 +126,7 @@ class ToolHandler:
             self.guard = build_config(dict(guard), where="ToolHandler.guard")
         self.result_retry = result_retry or RetryPolicy()
         self.guards = guards or GuardPolicy()
+        self._app: Celery | None = None
 
     def config_for(self, t: Tool) -> GuardConfig:
         """Effective guard configuration of a tool: handler default + the tool's overrides."""
@@ -154,7 +191,18 @@ class ToolHandler:
             routes[task_name(t.name)] = {"queue": queue}
         app.conf.task_queues = queues
         _add_routes(app, routes)
+        self._app = app
         return app
+
+    def task(self, name: str) -> ToolTaskHandle:
+        """The bound tool ``name`` as a Celery task handle (after :meth:`bind`)."""
+        t = self.registry.get(name)
+        if t is None:
+            known = ", ".join(sorted(x.name for x in self.registry)) or "none"
+            raise ConfigError(f"task({name!r}): no such tool in this handler; the tools are: {known}")
+        if self._app is None:
+            raise ConfigError(f"task({name!r}): bind the handler to a Celery app first: handler.bind(app)")
+        return ToolTaskHandle(self._app.tasks[task_name(t.name)], t)
 
     def attach(self, engine: Any) -> None:
         """Attach to an ``Engine`` (or ``SyncEngine``): one tool executor per engine, later

@@ -118,7 +118,7 @@ class Tool:
             return default
         return str(self.idempotency_key(arguments))
 
-    def invoke(self, arguments: dict[str, Any], ctx: ToolContext | None) -> Any:
+    def invoke(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
         """Call the function with validated arguments (a coroutine for an async tool)."""
         kwargs = self.validate_args(arguments)
         if self.context_param is not None:
@@ -126,7 +126,10 @@ class Tool:
         return self.fn(**kwargs)
 
     async def __call__(self, **arguments: Any) -> Any:
-        result = self.invoke(arguments, None)
+        """Run the function directly, as a unit test would: unguarded (no lease, no attempt
+        record), with ``ToolContext.direct()`` as its ``ctx``. To run it guarded, send it:
+        ``handler.task(name).delay(**arguments)``."""
+        result = self.invoke(arguments, ToolContext.direct())
         return await result if asyncio.iscoroutine(result) else result
 
     def __repr__(self) -> str:

@@ -92,7 +92,7 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
         req = self.request
         if req.called_directly:
             # Unguarded: a direct call (a unit test) runs the body with a marked context.
-            return self.body(args, kwargs, ToolContext(engine=None, run_id="direct", call_id="direct"))
+            return self.body(args, kwargs, ToolContext.direct())
         config = self.guard_config
         headers = calls.aaa_headers(req)
         key = self.key_for(req.id, headers, args, kwargs)

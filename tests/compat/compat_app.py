@@ -18,6 +18,8 @@ from typing import Any
 
 from celery import Celery
 
+from aaa_celery.tools import ToolContext, ToolHandler, ToolRegistry, tool
+
 
 def make_app(env: Mapping[str, str]) -> Celery:
     broker = env["AAA_COMPAT_BROKER"]
@@ -129,6 +131,15 @@ def make_app(env: Mapping[str, str]) -> Celery:
         if fail:
             raise ValueError("on purpose")
         return "fine"
+
+    @tool
+    def refund(order_id: str, amount: int, ctx: ToolContext) -> dict[str, Any]:
+        """Refund an order (a tool, sent through its task handle)."""
+        record("start", ctx.call_id)
+        return {"order_id": order_id, "amount": amount, "attempt": ctx.attempt, "guarded": ctx.guarded}
+
+    app.tools_handler = ToolHandler(ToolRegistry([refund]))  # type: ignore[attr-defined]
+    app.tools_handler.bind(app)  # type: ignore[attr-defined]
 
     @app.task(shared=False, name="compat.opaque")
     def opaque() -> Any:

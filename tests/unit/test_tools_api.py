@@ -179,3 +179,15 @@ def test_registry_refuses_two_tools_with_one_name():
         ToolRegistry([Tool(f, name="x"), Tool(f, name="x")])
     with pytest.raises(ConfigError, match="@tool"):
         ToolRegistry([f])  # type: ignore[list-item]
+
+
+def test_public_methods_of_the_handler_and_its_task_handles_are_frozen():
+    from aaa_celery.tools.handler import ToolTaskHandle
+
+    def public(cls):
+        return sorted(n for n, v in vars(cls).items() if not n.startswith("_") and callable(v))
+
+    assert public(ToolHandler) == ["attach", "bind", "check", "config_for", "queue_for", "task"]
+    assert public(ToolTaskHandle) == ["apply_async", "delay", "s"]
+    assert ToolContext.direct().guarded is False
+    assert ToolContext(engine=None, run_id="r", call_id="c").guarded is True
