@@ -72,8 +72,8 @@ class _Guarded:
 
 
 class _Outcomes:
-    """One outcome per test id: passed, failed, error, skipped, xfailed, and the first
-    lines of the failure."""
+    """One outcome per test id: passed, xpassed (its body passed), failed, error,
+    skipped, xfailed, and the first lines of the failure."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -101,9 +101,11 @@ class _Outcomes:
         entry["duration"] = round(entry["duration"] + report.duration, 3)
         if entry["outcome"] in ("failed", "error"):
             return  # the first failure is the one to report
-        if hasattr(report, "wasxfail"):
-            entry["outcome"] = "xfailed" if report.skipped else "failed"
-            entry["reason"] = f"xfail: {report.wasxfail}" if report.skipped else "XPASS(strict)"
+        if report.skipped and hasattr(report, "wasxfail"):
+            entry["outcome"], entry["reason"] = "xfailed", f"xfail: {report.wasxfail}"
+        elif report.passed and hasattr(report, "wasxfail"):
+            # a non-strict xfail whose body passed: it passed (a strict one is a failure)
+            entry["outcome"], entry["reason"] = "xpassed", f"xfail: {report.wasxfail}"
         elif report.skipped:
             entry["outcome"], entry["reason"] = "skipped", self._reason(report)
         elif report.failed:

@@ -60,7 +60,7 @@ def test_celery_integration_suite_guarded_matches_plain() -> None:
     runs = report["runs"]
 
     ran = [t for t in runs["plain"]["tests"].values() if t["outcome"] not in ("skipped", "xfailed")]
-    passed = sum(t["outcome"] == "passed" for t in ran)
+    passed = sum(t["outcome"] in ("passed", "xpassed") for t in ran)
     if not ran or passed < PLAIN_PASS_FLOOR * len(ran):
         pytest.fail(f"the plain run passed only {passed} of {len(ran)}: the environment is broken "
                     f"and the comparison means nothing\n{output}", pytrace=False)
