@@ -49,7 +49,8 @@ class GuardConfig(BaseModel):
     """``at_least_once`` re-runs a lost call; ``at_most_once`` reports ``OutcomeUnknown``."""
 
     max_attempts: int = Field(default=3, ge=1)
-    """Cap on executions of one call under ``at_least_once``; past it, ``ExecutionAbandoned``."""
+    """Cap on lost attempts (crash, stall) of one call under ``at_least_once``; past it,
+    ``ExecutionAbandoned``. Retries the body asks for do not count (``max_retries`` does)."""
 
     lease_ttl_s: float = Field(default=15.0, gt=0)
     """Seconds a silent worker keeps its exclusive claim on a call."""

@@ -291,7 +291,7 @@ class CallState:
     ``holder`` and ``expires_at`` describe the live lease (``holder_live``): the
     worker that holds it and when it lapses (None for a lease bound to a session).
     ``handed_on`` is the attempt that last handed the call on to its next delivery
-    (a retry its body asked for), 0 if none did.
+    (a retry its body asked for), 0 if none did; ``handed`` is how many attempts did.
     """
 
     attempts: int = 0
@@ -300,6 +300,7 @@ class CallState:
     holder: str = ""
     expires_at: float | None = None
     handed_on: int = 0
+    handed: int = 0
 
 
 @dataclass(frozen=True)
@@ -315,29 +316,32 @@ def attempt_cap(config: GuardConfig) -> int:
     return 1 if config.delivery is Delivery.AT_MOST_ONCE else config.max_attempts
 
 
-def refusal(attempts: int, config: GuardConfig, *, handed_on: bool = False) -> Outcome:
-    """The failure recorded for a call refused after ``attempts`` attempts: the last one
-    lost (``OutcomeUnknown`` under at_most_once), or all of them spent."""
-    if config.delivery is Delivery.AT_MOST_ONCE and not handed_on:
+def refusal(attempts: int, config: GuardConfig, lost: int | None = None) -> Outcome:
+    """The failure recorded for a call refused after ``attempts`` attempts, ``lost`` of
+    them lost (all, by default): ``OutcomeUnknown`` under at_most_once, else
+    ``ExecutionAbandoned``."""
+    if config.delivery is Delivery.AT_MOST_ONCE:
         return Outcome.failure("OutcomeUnknown", OUTCOME_UNKNOWN_MESSAGE, attempts)
-    return Outcome.failure("ExecutionAbandoned", ABANDONED_MESSAGE.format(attempts=attempts), attempts)
+    lost = attempts if lost is None else lost
+    return Outcome.failure("ExecutionAbandoned", ABANDONED_MESSAGE.format(attempts=lost), attempts)
 
 
 def decide_begin(state: CallState, config: GuardConfig) -> BeginDecision:
     """Decide what a delivery of a call does: run it, wait, or answer without running.
 
-    An attempt that handed the call on (a retry its body asked for) was not lost: its
-    owner reported that it is not done. So the next delivery is the next attempt, under
-    at_most_once too, and it counts toward ``max_attempts`` like any other.
+    The caps count *lost* attempts (crashes, stalls). An attempt that handed the call on
+    (a retry its body asked for) was not lost: its owner reported that it is not done. So
+    the next delivery is the next attempt, under at_most_once too, and it does not count
+    toward ``max_attempts`` (Celery's own ``max_retries`` bounds retries).
     """
     if state.result is not None:
         return BeginDecision("finished")
     if state.holder_live:
         return BeginDecision("busy")
-    handed_on = state.attempts > 0 and state.handed_on == state.attempts
-    cap = config.max_attempts if handed_on else attempt_cap(config)
-    if state.attempts >= cap:
-        return BeginDecision("refuse", refusal=refusal(state.attempts, config, handed_on=handed_on))
+    last_handed_on = state.attempts > 0 and state.handed_on == state.attempts
+    lost = state.attempts - state.handed
+    if state.attempts > 0 and not last_handed_on and lost >= attempt_cap(config):
+        return BeginDecision("refuse", refusal=refusal(state.attempts, config, lost))
     return BeginDecision("claim", attempt=state.attempts + 1)
 
 
@@ -374,7 +378,7 @@ class Writes:
       event with its id exists.
     - ``let_go``: free the lease if the lease with this token still holds the call.
     - ``hand_on``: this lease, live, holds the call: its attempt hands the call on
-      (``handed_on`` becomes that attempt) and the lease is freed. The call then waits for
+      (``handed_on`` becomes that attempt, ``handed`` counts one more) and the lease is freed. The call then waits for
       its next delivery as a newly registered call does: recovery brings it back only
       once the unclaimed grace has passed since the hand-on.
     """

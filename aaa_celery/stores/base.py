@@ -66,7 +66,7 @@ class Store(abc.ABC):
         """End ``lease``'s attempt without a result, handing the call on to its next
         delivery (a retry the body asked for): the lease is freed and ``aaa.tool.retried``
         recorded; the next delivery claims the next attempt, under at_most_once too
-        (the attempt was not lost), and it counts toward ``max_attempts``."""
+        (the attempt was not lost), and it does not count toward ``max_attempts``."""
 
     @abc.abstractmethod
     def fenced(self, lease: Lease) -> None:

@@ -38,15 +38,17 @@ class _Call:
     events: list[Event] = field(default_factory=list)
     recovery_until: float = 0.0
     handed_on: int = 0
+    handed: int = 0
 
     def live(self, now: float) -> bool:
         return self.lease is not None and (self.lease.expires_at or 0) > now
 
     def state(self, now: float) -> CallState:
         if not self.live(now):
-            return CallState(self.attempts, self.result, handed_on=self.handed_on)
+            return CallState(self.attempts, self.result, handed_on=self.handed_on, handed=self.handed)
         assert self.lease is not None
-        return CallState(self.attempts, self.result, True, self.lease.worker, self.lease.expires_at, self.handed_on)
+        return CallState(self.attempts, self.result, True, self.lease.worker, self.lease.expires_at,
+                         self.handed_on, self.handed)
 
 
 @dataclass
@@ -75,6 +77,7 @@ class _Writer(CallWriter):
 
     def hand_on(self, lease: Lease) -> None:
         self.call.handed_on = lease.attempt
+        self.call.handed += 1
         self.call.lease = None
         self.call.registered_at = self.now
 

@@ -141,7 +141,7 @@ def _begin_args(spec: CallSpec, worker: str, config: GuardConfig, state: CallSta
     found in another state gets ``recount``)."""
     decision = decide_begin(state, config)
     cap = state.attempts if decision.kind == "refuse" else state.attempts + 1
-    args = [spec.name, spec.idempotency_key, cap, state.attempts, state.handed_on]
+    args = [spec.name, spec.idempotency_key, cap, state.attempts, state.handed_on, state.handed]
     if decision.refusal is None:
         return args + _event_args(started_event(spec, state.attempts + 1, worker))
     failure = decision.refusal
@@ -314,7 +314,7 @@ class RedisStore(Store):
             if kind == "respec":
                 spec = CallSpec.from_json(reply[1])
             elif kind == "recount":
-                state = CallState(reply[1], handed_on=reply[2])
+                state = CallState(reply[1], handed_on=reply[2], handed=reply[3])
             else:
                 break
         else:

@@ -67,6 +67,7 @@ calls = sa.Table(
     sa.Column("lease_expires_at", sa.Double),
     sa.Column("recovery_until", sa.Double, nullable=False, default=0.0),
     sa.Column("handed_on", sa.Integer, nullable=False, default=0),
+    sa.Column("handed", sa.Integer, nullable=False, default=0),
 )
 
 results = sa.Table(
@@ -140,7 +141,7 @@ def hand_on_attempt(call_id: str, lease: Lease, now: float) -> sa.Update:
     return (
         calls.update()
         .where(calls.c.call_id == call_id, calls.c.lease_token == lease.token)
-        .values(handed_on=lease.attempt, registered_at=now, **_NO_LEASE)
+        .values(handed_on=lease.attempt, handed=calls.c.handed + 1, registered_at=now, **_NO_LEASE)
     )
 
 
@@ -307,8 +308,9 @@ class SQLStore(Store):
         """The locked call's state; ``holder_live`` says whether its lease is live."""
         result = self._result(conn, row.call_id)
         if not holder_live:
-            return CallState(row.attempts, result, handed_on=row.handed_on)
-        return CallState(row.attempts, result, True, row.lease_worker or "", row.lease_expires_at, row.handed_on)
+            return CallState(row.attempts, result, handed_on=row.handed_on, handed=row.handed)
+        return CallState(row.attempts, result, True, row.lease_worker or "", row.lease_expires_at,
+                         row.handed_on, row.handed)
 
     def _begin(
         self,

@@ -88,8 +88,10 @@ def call_spec(name: str, audit_name: str, call_id: str, key: str, args: list[Any
 
 
 def with_message(spec: CallSpec, message: dict[str, Any]) -> CallSpec:
-    """The spec with the whole message as sent, which recovery publishes again."""
-    return CallSpec(spec.call_id, spec.name, spec.idempotency_key, {**spec.request, "message": message})
+    """The spec with the whole message as sent (in kombu's JSON), which recovery publishes
+    again; the raw arguments, already in the message, are not kept a second time."""
+    request = {k: v for k, v in spec.request.items() if k not in ("args", "kwargs")}
+    return CallSpec(spec.call_id, spec.name, spec.idempotency_key, {**request, "message": message})
 
 
 def context(request: Any, key: str, attempt: int) -> ToolContext:

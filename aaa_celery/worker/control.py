@@ -5,10 +5,11 @@ A body may end its attempt the Celery way. What each means for the call:
 * ``Retry`` (``self.retry()``, ``autoretry_for``), ``Reject(requeue=True)`` and the
   ``Ignore`` that ``Task.replace`` raises hand the call on: the attempt ends without a
   result (``aaa.tool.retried``) and the next delivery (the retry's message, the
-  requeued one, the replacement) is the next attempt. It counts toward
-  ``max_attempts``, and it runs under ``at_most_once`` too: that policy refuses to run
-  a call again after an attempt was *lost* (nobody knows whether its effect happened),
-  while a body that asks to be retried has reported that it is not done.
+  requeued one, the replacement) is the next attempt. It does not count toward
+  ``max_attempts`` (a cap on lost attempts; ``max_retries`` bounds retries), and it runs
+  under ``at_most_once`` too: that policy refuses to run a call again after an attempt
+  was *lost* (nobody knows whether its effect happened), while a body that asks to be
+  retried has reported that it is not done.
 * ``Ignore`` and ``Reject(requeue=False)`` end the call without a value: that is
   recorded as its one outcome, and a later delivery raises the same again, so neither
   the broker nor recovery ever runs it once more.

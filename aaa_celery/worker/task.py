@@ -8,6 +8,7 @@ when it is sent, and maps the guard's endings onto Celery's: a dropped copy is
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
@@ -16,6 +17,7 @@ from celery import Task
 from celery.exceptions import Ignore, Reject
 
 from ..context import ToolContext
+from ..errors import StoreError
 from ..guard import Dropped, GuardRunner, HandBack, run_unguarded
 from ..lifecycle import CallSpec
 from . import calls, publish
@@ -25,6 +27,8 @@ from .events import TaskEvents
 from .install import attach
 from .options import GuardOptions
 from .stores import app_store
+
+log = logging.getLogger("aaa_celery.worker")
 
 
 class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
@@ -62,9 +66,14 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
         return result
 
     def _register(self, call_id: str, args: Any, kwargs: Any, message: dict[str, Any], headers: dict[str, Any]) -> None:
-        """Register the call with ``message`` as sent: what recovery sends again."""
+        """Register the call with ``message`` as sent: what recovery sends again. The message
+        is out already, so a store that fails here is logged, not raised: the call runs, and
+        its worker registers it at ``begin`` (only a broker that loses it goes unnoticed)."""
         spec = self.call_spec(call_id, list(args or ()), dict(kwargs or {}), message["routing_key"], headers)
-        app_store(self.app).register(calls.with_message(spec, message))
+        try:
+            app_store(self.app).register(calls.with_message(spec, message))
+        except StoreError as e:
+            log.warning("aaa: call %s was sent but not registered (%s)", call_id, e)
 
     def call_spec(self, call_id: str, args: list[Any], kwargs: dict[str, Any], queue: str | None,
                   headers: dict[str, Any]) -> CallSpec:

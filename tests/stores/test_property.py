@@ -159,6 +159,7 @@ class ModelCall:
     events: list[tuple[Draft, float]] = field(default_factory=list)
     recovery_until: float = 0.0
     handed_on: int = 0
+    handed: int = 0
 
 
 @dataclass
@@ -205,8 +206,9 @@ class StoreMachine(RuleBasedStateMachine):
     def state(self, call: ModelCall) -> CallState:
         lease = call.lease
         if lease is None or not self.live(lease):
-            return CallState(call.attempts, call.result, handed_on=call.handed_on)
-        return CallState(call.attempts, call.result, True, lease.worker, lease.expires_at, call.handed_on)
+            return CallState(call.attempts, call.result, handed_on=call.handed_on, handed=call.handed)
+        return CallState(call.attempts, call.result, True, lease.worker, lease.expires_at, call.handed_on,
+                         call.handed)
 
     def see(self, spec: CallSpec) -> ModelCall:
         """The call's record, created at first sight, with the spec in force."""
@@ -232,6 +234,7 @@ class StoreMachine(RuleBasedStateMachine):
             call.lease = None
         if writes.hand_on is not None:
             call.handed_on = writes.hand_on.attempt
+            call.handed += 1
             call.lease = None
             call.registered_at = self.now()
 

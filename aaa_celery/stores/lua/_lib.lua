@@ -4,7 +4,8 @@
 -- shard (shard = crc32(call id) % shards, see redis.py), so a script touches one hash slot
 -- only and runs on Redis Cluster. Written <t> = <p>:{<p>:<shard>} below:
 --   KEYS[1] <t>:<call>:spec      hash: json (CallSpec), name, ikey, req (lifecycle.spec_rank),
---                                handed (the attempt that last handed the call on, if any)
+--                                handed_on (the attempt that last handed the call on, if any),
+--                                handed (how many attempts did)
 --   KEYS[2] <t>:<call>:attempts  integer: the last attempt number, the fencing token
 --   KEYS[3] <t>:<call>:result    string: the one Outcome JSON
 --   KEYS[4] <t>:<call>:lease     hash with a PX TTL: token, worker, attempt

@@ -7,22 +7,21 @@
 -- ARGV[6] worker      ARGV[7] new lease token      ARGV[8] lease TTL (ms)
 -- ARGV[9] retention of a finished call's keys (s)
 -- ARGV[10], ARGV[11] name and idempotency key of the spec the events below were built for
--- ARGV[12] from this many attempts on, the call is refused (lifecycle.decide_begin's cap for
---   the state below: attempt_cap, or max_attempts after an attempt that handed the call on)
--- ARGV[13] n, the attempt count the payloads below are for
---   (Python sends 0 first), ARGV[14] h, the attempt that handed the call on (0: none), then
---   if n < cap: ARGV[15], ARGV[16] id and JSON of attempt n+1's aaa.tool.started event
+-- ARGV[12] from this many attempts on, the call is refused: lifecycle.decide_begin's verdict
+--   for the state below, made in Python (n to refuse, n + 1 to claim)
+-- ARGV[13] n, the attempt count the payloads below are for (Python sends 0 first),
+-- ARGV[14] the attempt that last handed the call on (0: none), ARGV[15] how many did, then
+--   if n < cap: ARGV[16], ARGV[17] id and JSON of attempt n+1's aaa.tool.started event
 --     (lifecycle.started_event);
---   else: ARGV[15] the refusal Outcome JSON (lifecycle.refusal), ARGV[16], ARGV[17] id
+--   else: ARGV[16] the refusal Outcome JSON (lifecycle.refusal), ARGV[17], ARGV[18] id
 --     and JSON of its result event (lifecycle.result_event).
 -- Touches: spec (created or upgraded), and on a claim attempts, lease, events, running,
 -- unclaimed, recovery (deleted); on a refusal result, lease, events, running, unclaimed and the TTLs.
 -- Returns {"finished", outcome JSON} | {"busy", worker, expires ms} | {"refused"} |
 --         {"claimed", attempt, expires ms}, or, having written nothing but the spec:
 --         {"respec", spec JSON}: the spec in force is not the one the events were built for;
---         {"recount", attempts, handed}: the call has another attempt count than n, or
---         another attempt handed it on than h (a call run before, or one that ran under
---         another config), so the payloads must be built for that state.
+--         {"recount", attempts, handed on, handed}: the call is in another state than the
+--         one the payloads were built for (a call run before), so they must be built again.
 
 local now, at = clock()
 ensure_spec(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
@@ -40,12 +39,13 @@ if spec then
 end
 
 local attempts = tonumber(redis.call('GET', ATTEMPTS) or '0')
-local handed = tonumber(redis.call('HGET', SPEC, 'handed') or '0')
-if attempts ~= tonumber(ARGV[13]) or handed ~= tonumber(ARGV[14]) then
-  return {'recount', attempts, handed}
+local handed = redis.call('HMGET', SPEC, 'handed_on', 'handed')
+local handed_on, handed_n = tonumber(handed[1] or '0'), tonumber(handed[2] or '0')
+if attempts ~= tonumber(ARGV[13]) or handed_on ~= tonumber(ARGV[14]) or handed_n ~= tonumber(ARGV[15]) then
+  return {'recount', attempts, handed_on, handed_n}
 end
 if attempts >= tonumber(ARGV[12]) then
-  record(ARGV[15], ARGV[16], ARGV[17], at, ARGV[9])
+  record(ARGV[16], ARGV[17], ARGV[18], at, ARGV[9])
   return {'refused'}
 end
 
@@ -57,5 +57,5 @@ redis.call('PEXPIRE', LEASE, ARGV[8])
 redis.call('ZREM', UNCLAIMED, CALL)
 redis.call('ZADD', RUNNING, expires, CALL)
 redis.call('DEL', RECOVERY)  -- claimed: a later crash may be recovered at once
-push_event(ARGV[15], ARGV[16], at)
+push_event(ARGV[16], ARGV[17], at)
 return {'claimed', attempt, expires}
