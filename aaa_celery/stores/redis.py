@@ -20,10 +20,11 @@ it began (``finish`` gets only a lease), and a ``finish`` from another store
 instance costs two round trips. Each event is stored as ``{"id", "at", "event"}``:
 lifecycle's JSON of the event, and the server's time.
 
-**Connections.** Each thread runs the scripts on a connection of its own from the
-client's pool (``_evalsha``), taken at its first script and kept: no pool checkout,
-readiness poll or ``execute_command`` layers per script. So a process holds one
-connection per thread that used the store (mind a pool's ``max_connections``).
+**Connections.** Each thread runs the scripts on a connection of the client's pool
+lent to it (``_evalsha``) from its first script until the thread (or greenlet) ends:
+no pool checkout, readiness poll or ``execute_command`` layers per script. So a
+process holds one connection per live thread that used the store (mind a pool's
+``max_connections``).
 
 **Shards.** Calls are spread over ``shards`` (default 16) shards: a call's shard is
 ``crc32(call_id) % shards``, and its keys, ``<p>:{<p>:<shard>}:<call_id>:<name>``
@@ -160,44 +161,59 @@ except ImportError:  # pragma: no cover
     _pack = None
 
 
-class _Held(threading.local):
-    """A thread's own connection to the store's server, for :func:`_evalsha`."""
+class _Lent:
+    """A connection of the pool lent to one thread, given back when the thread ends (its
+    thread-local slot is dropped; under gevent or eventlet, when its greenlet ends)."""
 
-    pid = 0
-    conn: Any = None
-    #: A command was sent and its reply not read (an exception came in between): the
-    #: connection is out of step, and is reconnected before its next command.
-    pending = False
+    __slots__ = ("conn", "pending", "pid", "pool")
+
+    def __init__(self, pool: Any) -> None:
+        self.pool, self.pid = pool, os.getpid()
+        self.conn = pool.get_connection()
+        #: A command was sent and its reply not read (an exception came in between): the
+        #: connection is out of step, and is reconnected before it is used again.
+        self.pending = False
+
+    def __del__(self) -> None:
+        try:
+            if self.pid == os.getpid():  # never touch a connection a forked child inherited
+                if self.pending:
+                    self.conn.disconnect()
+                self.pool.release(self.conn)
+        except Exception:  # noqa: BLE001 - at interpreter exit the pool may be half gone
+            pass
 
 
-def _evalsha(client: Any, held: _Held, script: Any, keys: list[str], args: list[Any]) -> Any:
-    """Run ``script`` by EVALSHA on this thread's own connection of ``client``'s pool, with
-    the connection's retry policy and reply parser, but without ``Redis.execute_command``'s
-    layers (observability hooks, a second retry wrapper, reply callbacks) and the pool's
-    per-command checkout (a lock and a readiness ``poll``). On a trivial call these cost as
-    much CPU as the round trip itself: 60 -> 36 µs per script here. The connection is the
-    thread's from its first script on (a forked child takes its own); ``close()`` ends it
-    with the pool. Loads the script on NOSCRIPT, as redis-py's ``Script`` does."""
-    if held.conn is None or held.pid != os.getpid():
-        held.conn, held.pid, held.pending = client.connection_pool.get_connection(), os.getpid(), False
-    conn = held.conn
-    if held.pending:
+def _evalsha(client: Any, held: threading.local, script: Any, keys: list[str], args: list[Any]) -> Any:
+    """Run ``script`` by EVALSHA on the connection this thread has on loan from ``client``'s
+    pool, with the connection's retry policy and reply parser, but without
+    ``Redis.execute_command``'s layers (observability hooks, a second retry wrapper, reply
+    callbacks) and the pool's per-command checkout (a lock and a readiness ``poll``). On a
+    trivial call these cost as much CPU as the round trip itself: 60 -> 36 µs per script
+    here. A thread keeps the connection from its first script until it ends (a forked child
+    takes its own); ``close()`` ends it with the pool. Loads the script on NOSCRIPT, as
+    redis-py's ``Script`` does."""
+    lent: _Lent | None = getattr(held, "lent", None)
+    if lent is None or lent.pid != os.getpid():
+        lent = held.lent = _Lent(client.connection_pool)
+    conn = lent.conn
+    if lent.pending:
         conn.disconnect()
-        held.pending = False
+        lent.pending = False
     command = ("EVALSHA", script.sha, len(keys), *keys, *args)
     packed = [_pack(command)] if _pack is not None else conn.pack_command(*command)
 
     def send() -> Any:
-        held.pending = True
+        lent.pending = True
         conn.send_packed_command(packed, check_health=False)
         reply = conn.read_response()
-        held.pending = False
+        lent.pending = False
         return reply
 
     try:
         return conn.retry.call_with_retry(send, lambda error: conn.disconnect())
     except redis.exceptions.NoScriptError:
-        held.pending = False  # the error was the whole reply
+        lent.pending = False  # the error was the whole reply
     # The server lost its scripts (a restart, SCRIPT FLUSH): load and run.
     return script(keys=keys, args=args, client=client)
 
@@ -235,7 +251,7 @@ class RedisStore(Store):
         self._specs: OrderedDict[str, CallSpec] = OrderedDict()
         self._specs_lock = threading.Lock()
         self._connect_lock = threading.Lock()
-        self._held = _Held()
+        self._held = threading.local()  # .lent: this thread's _Lent connection
         scheme, sep, rest = url.partition("://")
         cluster_scheme = _CLUSTER_SCHEMES.get(scheme.lower())
         #: True when the URL names a Redis Cluster.

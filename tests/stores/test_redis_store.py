@@ -9,6 +9,7 @@ faults at the server (``CLIENT PAUSE``, a busy server).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import threading
 import time
@@ -306,7 +307,7 @@ def test_a_command_cut_off_before_its_reply_leaves_nothing_for_the_next(open_red
     # Given a store whose connection sent a begin but was cut off before reading the reply
     store = open_redis()
     claim(store, new_call(), "w1")  # the thread's connection exists
-    conn = store._held.conn
+    conn = store._held.lent.conn
     real_send = conn.send_packed_command
 
     def send_then_cut(*args, **kwargs):
@@ -334,15 +335,31 @@ def test_scripts_the_server_lost_are_loaded_again(open_redis, probe) -> None:
     assert store.finish(lease, Outcome.success(1), CFG) == Accepted(Outcome.success(1, 1))
 
 
+def test_a_thread_that_ends_gives_its_connection_back_to_the_pool(open_redis) -> None:
+    # Given threads that each ran a script (as a gevent pool spawns one greenlet per task)
+    store = open_redis()
+    claim(store, new_call(), "w1")
+    pool = store._client.connection_pool
+    for n in range(20):
+        thread = threading.Thread(target=claim, args=(store, new_call(), f"t{n}"))
+        thread.start()
+        thread.join()
+        gc.collect()
+
+    # Then each gave its connection back when it ended: the pool reuses one, never grows
+    assert len(pool._in_use_connections) == 1  # this thread's
+    assert len(pool._available_connections) == 1
+
+
 def test_each_thread_and_a_forked_child_use_their_own_connection(open_redis) -> None:
     store = open_redis()
     claim(store, new_call(), "w1")
-    main = store._held.conn
+    main = store._held.lent.conn
     seen: list[object] = []
 
     def in_thread() -> None:
         claim(store, new_call(), "w2")
-        seen.append(store._held.conn)
+        seen.append(store._held.lent.conn)
 
     thread = threading.Thread(target=in_thread)
     thread.start()
@@ -356,7 +373,7 @@ def test_each_thread_and_a_forked_child_use_their_own_connection(open_redis) -> 
         try:
             call = new_call()
             lease = claim(store, call, "child").lease
-            ok = store._held.conn is not main and store.finish(lease, Outcome.success(2), CFG) == Accepted(
+            ok = store._held.lent.conn is not main and store.finish(lease, Outcome.success(2), CFG) == Accepted(
                 Outcome.success(2, 1))
         finally:
             os.write(write, b"1" if ok else b"0")
@@ -365,7 +382,7 @@ def test_each_thread_and_a_forked_child_use_their_own_connection(open_redis) -> 
     assert os.read(read, 1) == b"1"
     call = new_call()
     lease = claim(store, call, "w1").lease  # the parent's connection still works
-    assert store._held.conn is main
+    assert store._held.lent.conn is main
     assert store.finish(lease, Outcome.success(3), CFG) == Accepted(Outcome.success(3, 1))
 
 
