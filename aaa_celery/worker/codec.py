@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from celery.result import ResultBase
 from kombu.utils import json as kombu_json
 
 
@@ -16,6 +17,8 @@ class KombuJSON:
     def encode(self, value: Any) -> Any:
         if value is None or type(value) in (str, int, bool):
             return value  # the common case, already JSON data
+        if isinstance(value, ResultBase):
+            value = value.as_tuple()  # as Celery's result backend stores a returned result
         return json.loads(kombu_json.dumps(value))
 
     def decode(self, stored: Any) -> Any:

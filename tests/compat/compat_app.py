@@ -141,6 +141,10 @@ def make_app(env: Mapping[str, str]) -> Celery:
     app.tools_handler = ToolHandler(ToolRegistry([refund]))  # type: ignore[attr-defined]
     app.tools_handler.bind(app)  # type: ignore[attr-defined]
 
+    @app.task(shared=False, name="compat.handle")
+    def handle() -> Any:
+        return add.delay(2, 3)  # a task may return an AsyncResult: Celery stores it as a tuple
+
     @app.task(shared=False, name="compat.opaque")
     def opaque() -> Any:
         return object()

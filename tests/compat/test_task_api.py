@@ -82,3 +82,10 @@ def test_a_result_nothing_can_serialize_fails_the_call_once_naming_its_type(comp
     assert recorded is not None and recorded.error == "TypeError" and recorded.attempt == 1
     time.sleep(4.5)  # past the lease TTL (3 s) and a recovery sweep: nothing runs it again
     assert [e.type for e in store.events(result.id)] == ["aaa.tool.started", "aaa.tool.failed"]
+
+
+def test_a_task_may_return_an_async_result_as_in_celery(compat):
+    """Found by Celery's test_canvas (test_groupresult_serialization): the guard's result
+    store refused a returned AsyncResult, which Celery's backend stores as a tuple."""
+    value = compat.app.tasks["compat.handle"].delay().get(timeout=20)
+    assert isinstance(value, list | tuple) and len(value) == 2
