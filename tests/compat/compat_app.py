@@ -126,6 +126,9 @@ def make_app(env: Mapping[str, str]) -> Celery:
         def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
             record(f"after_return:{status}", task_id)
 
+        def on_retry(self, exc: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+            record("on_retry", task_id)
+
     @app.task(base=Hooked, shared=False, name="compat.hooked")
     def hooked(fail: bool) -> str:
         if fail:
@@ -140,6 +143,46 @@ def make_app(env: Mapping[str, str]) -> Celery:
 
     app.tools_handler = ToolHandler(ToolRegistry([refund]))  # type: ignore[attr-defined]
     app.tools_handler.bind(app)  # type: ignore[attr-defined]
+
+    @app.task(bind=True, shared=False, name="compat.soft", soft_time_limit=1)
+    def soft(self: Any) -> str:
+        from celery.exceptions import SoftTimeLimitExceeded
+
+        try:
+            time.sleep(5)
+        except SoftTimeLimitExceeded:
+            return "soft limit reached the body"
+        return "no limit"
+
+    @app.task(bind=True, shared=False, name="compat.tracked", track_started=True)
+    def tracked(self: Any) -> str:
+        time.sleep(1.5)
+        return "tracked"
+
+    @app.task(shared=False, name="compat.quiet", ignore_result=True)
+    def quiet(task_id: str) -> str:
+        record("start", task_id)
+        return "unseen"
+
+    @app.task(shared=False, name="compat.boom")
+    def boom() -> None:
+        raise ValueError("boom")
+
+    @app.task(shared=False, name="compat.on_error")
+    def on_error(request: Any, exc: Any, traceback: Any) -> None:
+        record("errback", request.id)
+
+    @app.task(bind=True, base=Hooked, shared=False, name="compat.hooked_retry")
+    def hooked_retry(self: Any) -> int:
+        if self.request.retries < 1:
+            raise self.retry(countdown=0.3)
+        return self.request.retries
+
+    @app.task(bind=True, shared=False, name="compat.slow_pass")
+    def slow_pass(self: Any, text: str, seconds: float) -> str:
+        record("start", self.request.id)
+        time.sleep(seconds)
+        return text
 
     @app.task(shared=False, name="compat.handle")
     def handle() -> Any:

@@ -88,3 +88,16 @@ def test_terminating_a_running_call_records_it_as_revoked(compat):
     assert store.result(result.id).error == "TaskRevokedError"
     time.sleep(4.0)  # past the lease TTL and recovery sweeps: no attempt 2
     assert len(compat.starts(result.id)) == 1
+
+
+def test_a_chain_whose_middle_step_s_holder_is_killed_still_completes(compat):
+    if not compat.guarded:
+        pytest.skip("plain Celery over Redis brings the message back after visibility_timeout (1 h)")
+    tasks = compat.app.tasks
+    result = chain(tasks["compat.append"].si("a", "b"), tasks["compat.slow_pass"].s(3.0),
+                   tasks["compat.append"].s("c")).apply_async()
+    middle_id = result.parent.id
+    first = wait_for(lambda: compat.starts(middle_id), 30, "the middle step started")[0]
+    compat.replace_worker(compat.fleet.worker_of(first["pid"]), kill=True)
+    assert result.get(timeout=40) == "a+b+c"
+    assert len(compat.starts(middle_id)) == 2  # attempt 2 of the middle step
