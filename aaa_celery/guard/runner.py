@@ -23,6 +23,7 @@ Celery) maps the last two onto its framework. Nothing here imports Celery.
 from __future__ import annotations
 
 import builtins
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ from ..lifecycle import (
 )
 from ..stores.base import Store
 from .watchdog import BodyTimedOut, LeaseCancelled, Watchdog
+
+log = logging.getLogger("aaa_celery.guard")
 
 #: How many ``wait_poll_s`` periods a delivery waits on a busy call before dropping its copy.
 BUSY_POLLS = 4
@@ -192,7 +195,10 @@ class GuardRunner:
             if not outcome.ok:
                 error = TypeError(outcome.message)
         except LeaseCancelled:
-            self.store.fenced(lease)
+            try:
+                self.store.fenced(lease)
+            except Exception as e:  # noqa: BLE001 - the audit is best effort; the store's trouble is why we are here
+                log.warning("aaa: could not record the fenced attempt %s of %s: %r", lease.attempt, call.call_id, e)
             self.emit(FENCED, lease.attempt, worker=lease.worker)
             raise Dropped("lease lost; attempt cancelled") from None
         except BodyTimedOut:

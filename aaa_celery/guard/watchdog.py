@@ -21,6 +21,7 @@ import asyncio
 import ctypes
 import heapq
 import itertools
+import logging
 import os
 import signal
 import threading
@@ -29,9 +30,10 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import GuardConfig, LostLease
-from ..errors import StoreError
 from ..lifecycle import Lease
 from ..stores.base import Store
+
+log = logging.getLogger("aaa_celery.guard")
 
 INTERRUPT_SIGNAL = signal.SIGUSR2
 """Interrupts a sync body on the main thread. Neither Celery nor billiard uses it in a
@@ -272,8 +274,11 @@ class Watchdog:
                 ok = self.store.renew(self.lease)  # type: ignore[union-attr]
                 if ok:
                     self._last_ok = now
-            except StoreError:
-                # A store outage is not a lost lease until the TTL has surely run out.
+            except Exception as e:  # noqa: BLE001 - any store trouble, not only a lost connection
+                # A renewal that fails for any reason (an outage, a READONLY replica after a
+                # failover, OOM, BUSY) is not a lost lease until the TTL has surely run out;
+                # then it is, and the body is cancelled, never left running unrenewed.
+                log.warning("aaa: renewing the lease of %s failed: %r", self.lease.call_id, e)
                 ok = now - self._last_ok < self.lease.ttl_s
             if not ok:
                 self.lost = True
