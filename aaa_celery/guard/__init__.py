@@ -11,7 +11,6 @@ from .runner import (
     Dropped,
     GuardRunner,
     HandBack,
-    answer,
     error_for,
     run_unguarded,
 )
@@ -28,7 +27,6 @@ __all__ = [
     "LeaseCancelled",
     "Watchdog",
     "active_calls",
-    "answer",
     "error_for",
     "run_unguarded",
 ]

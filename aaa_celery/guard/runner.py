@@ -113,13 +113,6 @@ def error_for(outcome: Outcome) -> BaseException:
     return ToolError(f"{outcome.error}: {outcome.message}")
 
 
-def answer(outcome: Outcome, codec: Codec | None = None) -> Any:
-    """The recorded outcome as a caller sees it: its value, or its error raised."""
-    if outcome.ok:
-        return outcome.value if codec is None else codec.decode(outcome.value)
-    raise error_for(outcome)
-
-
 #: The body of one attempt: called with the attempt number, returns the value (or a
 #: coroutine of it, for an ``async def`` tool).
 Body = Callable[[int], Any]
