@@ -355,19 +355,19 @@ class SQLStore(Store):
         self._audit_and_let_go(lease, lambda row, live: plan_fenced(lease))
 
     def hand_on(self, lease: Lease) -> None:
-        self._audit_and_let_go(lease, lambda row, live: plan_hand_on(lease, live and row.lease_token == lease.token))
+        self._audit_and_let_go(lease, lambda row, live: plan_hand_on(lease, row.lease_token == lease.token and live()))
 
-    def _audit_and_let_go(self, lease: Lease, plan: Callable[[Row[Any], bool], Writes]) -> None:
-        """Lock a known call's row, apply ``plan(row, whether its lease is live)``, and free
-        what the backend holds for ``lease``."""
+    def _audit_and_let_go(self, lease: Lease, plan: Callable[[Row[Any], Callable[[], bool]], Writes]) -> None:
+        """Lock a known call's row, apply ``plan(row, live)`` (``live()``: whether its lease is
+        live, read only if the plan asks), and free what the backend holds for ``lease``."""
         try:
             with self._write() as conn:
                 row = conn.execute(select_call_for_update(lease.call_id)).one_or_none()
                 if row is None:
                     return
                 now = self.now()
-                live = row.call_id in self._live([row], now, conn)
-                apply(plan(row, live), _Writer(self.insert, conn, lease.call_id, now))
+                writes = plan(row, lambda: row.call_id in self._live([row], now, conn))
+                apply(writes, _Writer(self.insert, conn, lease.call_id, now))
         finally:
             self._let_go(lease)
 
