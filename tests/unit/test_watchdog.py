@@ -17,9 +17,11 @@ class CountingStore:
 
     def __init__(self) -> None:
         self.renewals = 0
+        self.times: list[float] = []
 
     def renew(self, lease: Lease) -> bool:
         self.renewals += 1
+        self.times.append(time.monotonic())
         return True
 
 
@@ -58,12 +60,19 @@ def test_short_calls_never_wake_the_watchdog_thread(notifies: list[int]) -> None
     assert wd.active_calls() == 0
 
 
-def test_a_heartbeat_sooner_than_the_idle_wake_still_renews_on_time(notifies: list[int]) -> None:
+def test_a_heartbeat_sooner_than_the_idle_wake_still_renews_on_time() -> None:
+    """A heartbeat due before the thread's idle wake is not left waiting for it.
+
+    Whether the call notifies depends on whether the thread happens to be awake at that moment
+    (it sees the entry then anyway), so the test checks what matters: when the renewals happen.
+    """
     store, config = CountingStore(), GuardConfig(lease_ttl_s=0.3)  # heartbeat every 0.1 s
     settle(wd.scheduler())
-    wd.Watchdog(store, lease(0.3), config, None).run(lambda: time.sleep(0.55))
-    assert notifies[0] >= 1
-    assert 3 <= store.renewals <= 6
+    t0 = time.monotonic()
+    wd.Watchdog(store, lease(0.3), config, None).run(lambda: time.sleep(0.6))
+    assert store.times, "no renewal during the call"
+    assert store.times[0] - t0 < wd.IDLE_WAKE_S * 0.8  # long before the idle wake, even loaded
+    assert len(store.times) <= 7
 
 
 def test_a_short_timeout_interrupts_on_time_in_a_thread() -> None:
