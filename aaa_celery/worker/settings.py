@@ -2,22 +2,102 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
 from ..errors import ConfigError
 from .stores import store_url
 
+#: Serializer names (kombu's registry names, lower case) whose decoders build arbitrary
+#: objects, and so run code carried by a message.
+CODE_RUNNING_NAMES = frozenset({"pickle", "yaml", "dill", "cloudpickle", "jsonpickle", "marshal"})
+#: Content types of those serializers (and any other type naming pickle or YAML).
+CODE_RUNNING_TYPES = frozenset({"application/x-python-serialize", "application/x-yaml", "application/yaml",
+                                "text/yaml", "text/x-yaml", "application/x-pickle", "application/python-pickle"})
+#: Top-level modules whose loaders build arbitrary objects: a decoder from one is refused.
+CODE_RUNNING_MODULES = frozenset({"pickle", "_pickle", "dill", "cloudpickle", "jsonpickle", "marshal", "yaml",
+                                  "shelve", "copyreg"})
+MSGPACK_TYPE = "application/x-msgpack"
+
+#: The settings that name a serializer (one name) or the content a process decodes (a list).
+SERIALIZER_SETTINGS = ("task_serializer", "result_serializer", "event_serializer")
+ACCEPT_SETTINGS = ("accept_content", "result_accept_content")
+
+
+def _registry() -> Any:
+    from kombu.serialization import registry
+
+    return registry
+
+
+def _function(decoder: Any) -> Any:
+    while isinstance(decoder, functools.partial):
+        decoder = decoder.func
+    return decoder
+
+
+def code_running(value: Any, registry: Any = None) -> str | None:
+    """Why the serializer or content type ``value`` (a kombu name such as ``pickle``, or a
+    content type such as ``application/x-python-serialize``) can run code from a
+    message, or None if it cannot. Read by name and by content type, through kombu's
+    registry both ways, so an alias of a dangerous codec is caught too."""
+    registry = registry or _registry()
+    text = str(value).strip()
+    ctype = text if "/" in text else registry.name_to_type.get(text)
+    names = {text.lower(), str(registry.type_to_name.get(text) or "").lower(),
+             str(registry.type_to_name.get(ctype) or "").lower()}
+    types = {t.lower() for t in (text, ctype) if t and "/" in t}
+    for name in sorted(n for n in names if n in CODE_RUNNING_NAMES):
+        return f"the {name} serializer builds arbitrary objects"
+    for t in sorted(types):
+        if t in CODE_RUNNING_TYPES or any(w in t for w in ("pickle", "python-serialize", "yaml")):
+            return f"{t} builds arbitrary objects"
+    decoder = registry._decoders.get(ctype) if ctype else None
+    if decoder is None:
+        return None
+    fn = _function(decoder)
+    module = str(getattr(fn, "__module__", None) or "")
+    if module.split(".")[0] in CODE_RUNNING_MODULES:
+        return f"its decoder {module}.{getattr(fn, '__qualname__', fn)!s} builds arbitrary objects"
+    if ctype and ctype.lower() == MSGPACK_TYPE:
+        own = module == "kombu.serialization" and str(getattr(fn, "__qualname__", "")).startswith("register_msgpack.")
+        if decoder is not fn or not own:
+            return ("msgpack is registered with a decoder other than kombu's own, whose extension "
+                    "hooks (ext_hook, object_hook) can build arbitrary objects")
+    return None
+
+
+def serializer_problems(conf: Any, registry: Any = None) -> list[str]:
+    """Every setting of ``conf`` that lets a process decode content able to run code."""
+    problems = []
+    for setting in ACCEPT_SETTINGS:
+        values = conf.get(setting)
+        if values is None:
+            continue  # Celery's default: ['json'], or accept_content for results
+        if isinstance(values, str):
+            values = [values]
+        for value in values:
+            why = code_running(value, registry)
+            if why:
+                problems.append(f"{setting}: {value!r} is accepted, and {why}, so any message can run "
+                                f"code in the worker; set {setting}=['json']")
+    for setting in SERIALIZER_SETTINGS:
+        value = conf.get(setting)
+        why = code_running(value, registry) if value else None
+        if why:
+            problems.append(f"{setting}: {value!r} runs code when read back ({why}); set {setting}='json'")
+    return problems
+
 
 def check_settings(app: Any) -> None:
     """Refuse settings that break the guarantees; warn about ones that weaken them."""
-    accepted = set(app.conf.accept_content or []) | {app.conf.task_serializer, app.conf.result_serializer}
-    risky = sorted(c for c in accepted if c and ("pickle" in str(c) or "yaml" in str(c)))
-    if risky:
+    problems = serializer_problems(app.conf)
+    if problems:
         raise ConfigError(
-            f"accept_content/task_serializer: {risky} is accepted, which runs code from any "
-            "message; aaa_celery needs JSON: set accept_content=['json'], task_serializer='json', "
-            "result_serializer='json'"
+            "aaa_celery refuses serializers that can run code carried by a message "
+            "(pickle, yaml, msgpack with extension hooks), by name and by content type:\n  "
+            + "\n  ".join(problems)
         )
     store_url(app)  # fails now, not at 3 a.m., if there is no store
     if (app.conf.worker_prefetch_multiplier or 4) > 1:

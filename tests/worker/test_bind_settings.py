@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import pickle
 import warnings
 
 import pytest
@@ -33,6 +35,67 @@ def json_app(broker: str = "redis://127.0.0.1:1/0", **conf: object) -> Celery:
 def test_bind_refuses_an_app_that_accepts_pickle(setting):
     with pytest.raises(ConfigError, match="pickle"):
         handler().bind(json_app(**setting))
+
+
+@pytest.mark.parametrize("setting", [
+    {"accept_content": ["application/x-python-serialize", "json"]},
+    {"accept_content": ["json", "application/x-yaml"]},
+    {"accept_content": ["yaml"]},
+    {"result_accept_content": ["json", "pickle"]},
+    {"result_accept_content": ["application/x-python-serialize"]},
+    {"event_serializer": "pickle"},
+    {"event_serializer": "application/x-yaml"},
+    {"task_serializer": "yaml"},
+    {"result_serializer": "application/x-python-serialize"},
+])
+def test_bind_refuses_code_running_content_by_content_type_and_by_name_in_every_setting(setting):
+    """Reproduces on 4a34578: a content type (not the name 'pickle'), result_accept_content
+    and event_serializer all passed bind()."""
+    (name, value), = setting.items()
+    with pytest.raises(ConfigError) as err:
+        handler().bind(json_app(**setting))
+    assert name in str(err.value) and "json" in str(err.value)
+
+
+@pytest.fixture
+def registered():
+    from kombu.serialization import registry
+
+    saved = [dict(d) for d in (registry._encoders, registry._decoders, registry.type_to_name, registry.name_to_type)]
+
+    def register(name, decoder, content_type):
+        registry.register(name, lambda v: b"", decoder, content_type=content_type, content_encoding="binary")
+
+    yield register
+    for current, before in zip((registry._encoders, registry._decoders, registry.type_to_name,
+                                registry.name_to_type), saved, strict=True):
+        current.clear()
+        current.update(before)
+
+
+def test_bind_refuses_an_alias_of_pickle_and_msgpack_with_extension_hooks(registered):
+    # a harmless-looking name for the pickle content type, found through kombu's registry
+    registered("safe-binary", pickle.loads, "application/x-python-serialize")
+    with pytest.raises(ConfigError, match="accept_content: 'safe-binary'"):
+        handler().bind(json_app(accept_content=["json", "safe-binary"]))
+    # a custom content type whose decoder is pickle's
+    registered("fastcodec", functools.partial(pickle.loads, fix_imports=False), "application/x-fastcodec")
+    with pytest.raises(ConfigError, match="pickle"):
+        handler().bind(json_app(accept_content=["application/x-fastcodec"]))
+    # msgpack re-registered with an extension hook that builds objects (msgpack.unpackb's
+    # ext_hook; a stand-in function here, since msgpack itself need not be installed)
+    def unpackb(data, ext_hook=None):
+        return ext_hook(1, data)
+
+    registered("msgpack", functools.partial(unpackb, ext_hook=lambda code, data: data), "application/x-msgpack")
+    with pytest.raises(ConfigError, match="msgpack"):
+        handler().bind(json_app(accept_content=["json", "msgpack"]))
+
+
+def test_bind_accepts_json_and_kombus_own_msgpack():
+    handler().bind(json_app(accept_content=["json", "application/json"], result_accept_content=["json"],
+                            event_serializer="json"))
+    handler().bind(json_app(accept_content=["json", "msgpack"]))
 
 
 def test_bind_refuses_a_non_redis_broker_without_aaa_store_url():

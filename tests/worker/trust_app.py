@@ -1,0 +1,63 @@
+"""The Celery app of the trust tests (serializers, malformed messages, policy rules),
+run in real ``celery worker`` processes. Configured from environment variables:
+
+- ``AAA_TRUST_BROKER``: broker URL (required); also the result backend and the store.
+- ``AAA_TRUST_ACCEPT``: ``accept_content``, comma separated (default ``json``).
+- ``AAA_TRUST_BUDGET``: the refund budget per customer and day (default 5).
+
+Every body appends ``start`` to the ledger (on the broker's Redis) when it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from aaa_celery import GuardedTask, GuardPolicy, ToolContext
+from aaa_celery.testing import Ledger
+from aaa_celery.tools import ToolHandler, ToolRegistry, tool
+
+
+def make_app(env: Mapping[str, str]) -> Celery:
+    broker = env["AAA_TRUST_BROKER"]
+    app = Celery("trust_app", broker=broker, backend=broker)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=(env.get("AAA_TRUST_ACCEPT") or "json").split(","),
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        result_expires=600,
+        aaa_guard={"lease_ttl_s": 5, "wait_poll_s": 0.25},
+        aaa_recovery_interval_s=1,
+    )
+    app.conf.task_queues = [Queue("celery", routing_key="celery"), Queue("aaa.default", routing_key="aaa.default")]
+    ledger: Ledger | None = None
+
+    def record(event: str, ctx: ToolContext, **fields: Any) -> None:
+        nonlocal ledger
+        if ledger is None or ledger._redis.connection_pool.pid != os.getpid():
+            ledger = Ledger(broker)
+        ledger.record(event, ctx=ctx, **fields)
+
+    @app.task(base=GuardedTask, name="trust.ping")
+    def ping(x: int, ctx: ToolContext) -> int:
+        record("start", ctx)
+        return x + 1
+
+    @tool
+    def echo(text: str, ctx: ToolContext) -> str:
+        """Echo the text."""
+        record("start", ctx)
+        return text
+
+    ToolHandler(ToolRegistry([echo]), guards=GuardPolicy()).bind(app)
+    return app
+
+
+app = make_app(os.environ) if "AAA_TRUST_BROKER" in os.environ else None
