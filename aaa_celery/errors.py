@@ -52,6 +52,10 @@ class ApprovalDenied(ToolError):
     """A person denied this call."""
 
 
+class ApprovalExpired(ToolError):
+    """Nobody decided on this call before its approval request expired; it was not sent."""
+
+
 class StoreError(AAACeleryError):
     """The lease and attempt-log store failed."""
 
@@ -89,5 +93,6 @@ TOOL_ERRORS: dict[str, type[ToolError]] = {
         OutcomeUnknown,
         ExecutionAbandoned,
         ApprovalDenied,
+        ApprovalExpired,
     )
 }

@@ -114,20 +114,28 @@ class AgentRuns:
         """Every pending approval (tool, arguments, run, since, digest), oldest first."""
         return _plain([p.to_dict() for p in self.engine.pending_approvals()])
 
-    def decide(self, run_id: str, call_id: str, decision: str, *, digest: str | None = None, reason: str = "") -> None:
-        """A person's decision on a pending call. ``digest``, when given, must be the one shown.
+    def decide(self, run_id: str, call_id: str, decision: str, *, digest: str | None, reason: str = "",
+               tenant: str | None = None) -> None:
+        """A person's decision on a pending call, bound to the request shown by its ``digest``.
 
-        Raises ``KeyError`` (no such run or pending call) or ``ValueError`` (another
-        decision, or a digest of something else than was shown).
+        ``tenant``, when given, must be the run's tenant (an app's own view passes the
+        tenant of the person deciding).
+
+        Raises ``KeyError`` (no such run or pending call, or another tenant's) or
+        ``ValueError`` (another decision, no digest, or the digest of something else than
+        was shown).
         """
         if decision not in DECISIONS:
             raise ValueError(f"decision must be one of {DECISIONS}, got {decision!r}")
         handle = self.engine.get(run_id)
-        binding = {"digest": digest} if digest else {}
+        if tenant is not None and tenant != handle.tenant:
+            raise KeyError(f"no run {run_id!r} for tenant {tenant!r}")
+        if not isinstance(digest, str) or not digest:
+            raise ValueError("a decision must carry the 'digest' of the approval shown (see GET approvals)")
         if decision == "approve":
-            handle.approve(call_id, **binding)
+            handle.approve(call_id, digest)
         else:
-            handle.deny(call_id, reason, **binding)
+            handle.deny(call_id, digest, reason)
 
     def attempts(self, run_id: str) -> list[dict[str, Any]]:
         """Each tool call of the run with its audit trail from the store (attempts, result)."""

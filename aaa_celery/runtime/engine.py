@@ -35,7 +35,7 @@ from celery import Celery
 
 from ..errors import ConfigError
 from ..tools.handler import ToolHandler, store_of, use_store
-from .approvals import PendingApproval
+from .approvals import DEFAULT_APPROVAL_TTL_S, PendingApproval, check_ttl
 from .embedded import EmbeddedWorker, embedded_app
 from .executor import ToolExecutor
 from .run import RunHandle, RunOutcome
@@ -57,6 +57,9 @@ class Engine:
             threads of its own.
         poll_s: first interval, in seconds, between result checks of a call
             (it grows to 0.5 s while the call runs).
+        approval_ttl_s: how long, in seconds, a ``requires_approval`` call waits
+            for a person (default 24 h). Undecided by then, it fails as
+            ``ApprovalExpired`` and is not sent; a decision after that is refused.
     """
 
     def __init__(
@@ -66,7 +69,9 @@ class Engine:
         store: Store | None = None,
         concurrency: int = 4,
         poll_s: float = 0.02,
+        approval_ttl_s: float = DEFAULT_APPROVAL_TTL_S,
     ) -> None:
+        self.approval_ttl_s = check_ttl(approval_ttl_s, "Engine(approval_ttl_s=...)")
         self.embedded = app is None
         self.id = uuid.uuid4().hex[:8]
         self.app = app if app is not None else embedded_app(self.id)

@@ -8,17 +8,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ApprovalDenied, ToolArgsError
+from ..errors import ApprovalDenied, ApprovalExpired, ToolArgsError
 from ..llm.types import LLMRequest, LLMResponse, ToolCall
 from ..protocol import call_id_for
 from ..tools.tool import Tool
 from .approvals import (
     APPROVAL_DENIED,
+    APPROVAL_EXPIRED,
     APPROVAL_GRANTED,
     APPROVAL_REQUESTED,
     DENIED_MESSAGE,
     PendingApproval,
-    digest,
 )
 from .results import ToolFact, failed
 
@@ -94,14 +94,16 @@ class RunHandle:
 
     def signal(self, type: str, data: dict[str, Any]) -> None:
         """Deliver an app-side signal: ``aaa.approval.granted`` / ``aaa.approval.denied``
-        with ``{"call_id": ...}`` (optionally ``arguments`` or ``digest`` to bind the
-        decision to what was shown, and ``reason`` for a denial).
+        with ``{"call_id": ..., "digest": ...}``: the digest of the request shown
+        (``PendingApproval.digest``) is mandatory; ``arguments`` or ``tenant`` may
+        bind the decision further, ``reason`` explains a denial.
 
         Approvals come only through here, from the app (a person), never from the
-        model. Raises ``KeyError`` for a call that is not waiting, ``ValueError``
-        for a decision about other arguments than the ones shown. Other
-        ``aaa.*`` types are reserved; any other type is recorded as an event.
-        Safe to call from any thread.
+        model. Raises ``KeyError`` for a call that is not waiting (never asked,
+        decided already, expired, or another tenant's), ``ValueError`` for a
+        decision without the digest or about something else than was shown.
+        Other ``aaa.*`` types are reserved; any other type is recorded as an
+        event. Safe to call from any thread.
         """
         loop = self.engine.loop
         try:
@@ -128,7 +130,7 @@ class RunHandle:
         pending = self._approvals.get(call_id) if isinstance(call_id, str) else None
         if pending is None or pending.decided or pending._future is None:
             raise KeyError(f"no pending approval for call_id {call_id!r} in run {self.run_id}")
-        pending.check(data)
+        pending.check(data)  # digest, arguments, tenant, expiry
         granted = type == APPROVAL_GRANTED
         reason = str(data.get("reason") or "")
         self.emit(type, {"call_id": call_id, "name": pending.tool, **({"reason": reason} if reason else {})})
@@ -161,29 +163,52 @@ class RunHandle:
         # a snapshot: what a person approves is exactly what is sent
         arguments = copy.deepcopy(dict(call.arguments))
         if t.requires_approval:
-            granted, reason = await self._approval(call_id, call, t, arguments)
-            if not granted:
+            pending, reason = await self._approval(call_id, call, t, arguments)
+            if pending is None:
+                return failed(call_id, t.name, ApprovalExpired(reason))
+            if reason is not None:
                 message = f"{DENIED_MESSAGE}: {reason}" if reason else DENIED_MESSAGE
                 return failed(call_id, t.name, ApprovalDenied(message))
+            try:
+                pending.consume(arguments)  # single use, and only for what was approved
+            except ValueError as e:
+                return failed(call_id, t.name, ApprovalDenied(str(e)))
         try:
             return await self.engine.tools.send(self.run_id, self.tenant, call_id, call.id, t, arguments)
         except Exception as e:  # noqa: BLE001 - a broken send is a fact for the model, not a crash
             return failed(call_id, t.name, e)
 
-    async def _approval(self, call_id: str, call: ToolCall, t: Tool, arguments: dict[str, Any]) -> tuple[bool, str]:
+    async def _approval(self, call_id: str, call: ToolCall, t: Tool,
+                        arguments: dict[str, Any]) -> tuple[PendingApproval | None, str | None]:
+        """Ask a person about exactly ``arguments`` and wait, at most ``engine.approval_ttl_s``.
+
+        Returns ``(grant, None)`` when granted (the caller consumes the grant when it
+        sends), ``(request, reason)`` when denied, and ``(None, message)`` when the
+        request expired undecided.
+        """
         future: asyncio.Future[tuple[bool, str]] = asyncio.get_running_loop().create_future()
-        shown = copy.deepcopy(arguments)
-        pending = PendingApproval(
-            self.run_id, call_id, t.name, shown, time.time(), digest(self.run_id, call_id, t.name, shown), future,
-            tool_call_id=call.id,
+        pending = PendingApproval.request(
+            run_id=self.run_id, tenant=self.tenant, call_id=call_id, tool=t.name,
+            arguments=copy.deepcopy(arguments), ttl_s=self.engine.approval_ttl_s, tool_call_id=call.id, future=future,
         )
-        self._approvals[call_id] = pending
+        self._approvals[call_id] = pending  # a new request replaces (and voids) an older one for this call id
         self.emit(
             APPROVAL_REQUESTED,
-            {"call_id": call_id, "tool_call_id": call.id, "name": t.name, "arguments": shown,
-             "digest": pending.digest},
+            {"call_id": call_id, "tool_call_id": call.id, "name": t.name, "arguments": pending.arguments,
+             "tenant": self.tenant, "digest": pending.digest, "expires_at": pending.expires_at},
         )
-        return await future
+        try:
+            granted, reason = await asyncio.wait_for(
+                asyncio.shield(future), max(0.0, pending.expires_at - time.time()))
+        except TimeoutError:
+            if not future.done():
+                pending.expired = True
+                future.cancel()
+                self.emit(APPROVAL_EXPIRED, {"call_id": call_id, "name": t.name, "expires_at": pending.expires_at})
+                return None, (f"nobody approved the call within {self.engine.approval_ttl_s:g} s; it was not sent. "
+                              f"Ask for it again if it is still needed: a person must approve it again")
+            granted, reason = future.result()
+        return pending, None if granted else reason
 
     async def _drive(self, algo: Any, input: Any) -> RunOutcome:
         self.emit("aaa.run.started", {"input": input, "tenant": self.tenant})

@@ -11,7 +11,7 @@ method hands work to that loop and waits for it::
     handle = engine.start(ToolLoop(registry), {"task": "refund A-100"}, tenant="acme")
     handle.run_id                               # keep it in the session / URL
     engine.get(run_id).events()                 # in a later request
-    engine.get(run_id).approve(call_id)         # a person clicked Approve
+    engine.get(run_id).approve(call_id, digest) # a person clicked Approve on what was shown
     outcome = handle.result(timeout=30)         # blocks this thread only
 
     engine.run_sync(ToolLoop(registry), {"task": "..."}, timeout=60)   # start + result
@@ -75,13 +75,15 @@ class SyncRunHandle:
         """``RunHandle.signal`` (approvals come from here, from a person)."""
         self.handle.signal(type, data)
 
-    def approve(self, call_id: str, **binding: Any) -> None:
-        """Grant a pending call; ``binding`` may carry the ``arguments`` or ``digest`` shown."""
-        self.signal(APPROVAL_GRANTED, {"call_id": call_id, **binding})
+    def approve(self, call_id: str, digest: str, **binding: Any) -> None:
+        """Grant a pending call: ``digest`` is the ``PendingApproval.digest`` shown to the person;
+        ``binding`` may add the ``arguments`` or ``tenant`` shown."""
+        self.signal(APPROVAL_GRANTED, {"call_id": call_id, "digest": digest, **binding})
 
-    def deny(self, call_id: str, reason: str = "", **binding: Any) -> None:
-        """Deny a pending call; the model reads "denied by a person" (and the reason)."""
-        self.signal(APPROVAL_DENIED, {"call_id": call_id, "reason": reason, **binding})
+    def deny(self, call_id: str, digest: str, reason: str = "", **binding: Any) -> None:
+        """Deny a pending call (``digest`` as for :meth:`approve`); the model reads "denied by a
+        person" (and the reason)."""
+        self.signal(APPROVAL_DENIED, {"call_id": call_id, "digest": digest, "reason": reason, **binding})
 
     def result(self, timeout: float | None = None) -> RunOutcome:
         """Block until the run ends and return its outcome; ``TimeoutError`` after ``timeout`` s."""

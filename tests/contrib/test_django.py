@@ -71,13 +71,15 @@ def test_the_contrib_endpoints_start_a_run_and_deny_it(client: Any):
     assert r.status_code == 201
     run_id = r.json()["run_id"]
     [pending] = wait(lambda: client.get(f"/aaa/runs/{run_id}/events").json()["pending"])
-    r = client.post(f"/aaa/runs/{run_id}/approvals/{pending['call_id']}", {"decision": "deny", "reason": "shipped"},
+    r = client.post(f"/aaa/runs/{run_id}/approvals/{pending['call_id']}", {"decision": "deny", "reason": "shipped",
+                                                                             "digest": pending["digest"]},
                     content_type="application/json")
     assert r.status_code == 200
     run = wait(lambda: (x := client.get(f"/aaa/runs/{run_id}/events").json())["result"] and x)
     assert run["result"]["value"]["text"].endswith("ApprovalDenied: denied by a person: shipped")
     assert client.get("/aaa/runs/run_nope/events").status_code == 404
-    assert client.post(f"/aaa/runs/{run_id}/approvals/{pending['call_id']}", {"decision": "approve"},
+    assert client.post(f"/aaa/runs/{run_id}/approvals/{pending['call_id']}",
+                       {"decision": "approve", "digest": pending["digest"]},
                        content_type="application/json").status_code == 404
     assert "Start a run" in client.get("/aaa/").content.decode()
 

@@ -79,12 +79,14 @@ def test_deny_through_a_form_post_and_the_html_pages(client: Any):
     run_id = r.headers["Location"].rstrip("/").rsplit("/", 1)[1]
     assert "Start a run" in client.get("/aaa/").get_data(as_text=True)
     [pending] = wait(lambda: client.get(f"/aaa/runs/{run_id}/events").get_json()["pending"])
-    r = client.post(f"/aaa/runs/{run_id}/approvals/{pending['call_id']}", data={"decision": "deny", "reason": "no"})
+    r = client.post(f"/aaa/runs/{run_id}/approvals/{pending['call_id']}", data={"decision": "deny", "reason": "no",
+                                                                           "digest": pending["digest"]})
     assert r.status_code == 303
     run = wait(lambda: (x := client.get(f"/aaa/runs/{run_id}/events").get_json())["result"] and x)
     assert run["result"]["value"]["text"] == "ApprovalDenied: denied by a person: no"
     # deciding again, or on an unknown run, is an error
-    again = client.post(f"/aaa/runs/{run_id}/approvals/{pending['call_id']}", json={"decision": "approve"})
+    again = client.post(f"/aaa/runs/{run_id}/approvals/{pending['call_id']}",
+                        json={"decision": "approve", "digest": pending["digest"]})
     assert again.status_code == 404
     assert client.get("/aaa/runs/run_nope/events").status_code == 404
     assert client.post("/aaa/runs", json={}).status_code == 400
@@ -116,7 +118,8 @@ def test_the_example_against_a_redis_fleet_when_configured(redis_server: Any, tm
             run_id = client.post("/aaa/runs", json={"task": "refund order A-200"}).get_json()["run_id"]
             [pending] = wait(lambda: client.get("/aaa/approvals").get_json()["approvals"], 30)
             assert pending["arguments"] == {"order_id": "A-200", "amount": 125}
-            client.post(f"/aaa/runs/{run_id}/approvals/{pending['call_id']}", json={"decision": "approve"})
+            client.post(f"/aaa/runs/{run_id}/approvals/{pending['call_id']}",
+                        json={"decision": "approve", "digest": pending["digest"]})
             run = wait(lambda: (x := client.get(f"/aaa/runs/{run_id}/events").get_json())["result"] and x, 30)
             assert run["result"]["value"]["text"].startswith("refunded 125 EUR on A-200")
             calls = {c["name"]: c for c in client.get(f"/aaa/runs/{run_id}/attempts").get_json()["calls"]}
@@ -144,9 +147,10 @@ def test_the_authorize_hook_guards_each_action():
             run_id = client.post("/aaa/runs", json={"task": "refund order A-100"}).get_json()["run_id"]
             [pending] = wait(lambda: client.get("/aaa/approvals").get_json()["approvals"])
             url = f"/aaa/runs/{run_id}/approvals/{pending['call_id']}"
-            assert client.post(url, json={"decision": "approve"}).status_code == 403
+            decision = {"decision": "approve", "digest": pending["digest"]}
+            assert client.post(url, json=decision).status_code == 403
             assert client.get("/aaa/approvals").get_json()["approvals"] == [pending]  # still waiting
-            assert client.post(url, json={"decision": "approve"}, headers={"X-Staff": "yes"}).status_code == 200
+            assert client.post(url, json=decision, headers={"X-Staff": "yes"}).status_code == 200
         finally:
             aaa.close(app)
     finally:

@@ -127,7 +127,7 @@ def test_three_tools_one_approved_then_the_answer_with_the_full_event_sequence(f
         # not sent while waiting: no body run, nothing registered in the store
         assert fleet.ledger("wire") == []
         assert fleet.client.AsyncResult(f"{handle.run_id}:call_wire").state == "PENDING"
-        handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_wire")})
+        handle.signal(APPROVAL_GRANTED, {"call_id": pending[0].call_id, "digest": pending[0].digest})
 
     handle, outcome = run(fleet, calls(c_charge, c_wire, c_lookup), echo_facts, during=approve_after_the_others)
 

@@ -118,7 +118,7 @@ def test_sync_engine_runs_from_plain_threads_and_takes_approvals_from_another_th
         [pending] = engine.pending_approvals()
         assert handle.status == "waiting"
         # a person approves from some request thread
-        t = threading.Thread(target=lambda: engine.get(handle.run_id).approve(pending.call_id))
+        t = threading.Thread(target=lambda: engine.get(handle.run_id).approve(pending.call_id, pending.digest))
         t.start()
         t.join()
         outcome = handle.result(timeout=10)
@@ -136,7 +136,8 @@ def test_approval_tool_is_not_sent_until_granted_and_pending_shows_tool_argument
         [pending] = await until(engine.pending_approvals, what="pending approval")
         assert (pending.tool, pending.arguments, pending.run_id) == ("wire", {"to": "ACME", "amount": 30}, handle.run_id)
         assert time.time() - 5 < pending.since <= time.time()
-        assert set(pending.to_dict()) == {"run_id", "call_id", "tool_call_id", "tool", "arguments", "since", "digest"}
+        assert set(pending.to_dict()) == {"run_id", "tenant", "call_id", "tool_call_id", "tool", "arguments", "since",
+                                          "expires_at", "digest"}
         await asyncio.sleep(0.3)
         # nothing went to a worker: no body run, no guard record of the task
         assert ran == [] and engine.store.events(pending.call_id) == []
@@ -149,7 +150,7 @@ def test_approval_tool_is_not_sent_until_granted_and_pending_shows_tool_argument
 def test_denied_call_is_a_failed_fact_denied_by_a_person_and_never_runs():
     async def deny(engine: Engine, handle: RunHandle) -> None:
         [pending] = await until(handle.pending_approvals)
-        handle.signal(APPROVAL_DENIED, {"call_id": pending.call_id, "reason": "too much"})
+        handle.signal(APPROVAL_DENIED, {"call_id": pending.call_id, "digest": pending.digest, "reason": "too much"})
 
     handle, outcome = asyncio.run(drive(call_then_echo(("wire", {"to": "ACME", "amount": 30})), deny))
     assert outcome.value["text"] == "ApprovalDenied: denied by a person: too much"
@@ -180,10 +181,11 @@ def test_the_model_has_no_path_to_grant_by_tool_name_message_content_or_argument
         facts = fact_events(handle)
         assert facts["call_fake_grant"]["data"]["error"] == "ToolArgsError"  # unknown tool
         assert facts["call_smuggle"]["data"]["error"] == "ToolArgsError"  # not lookup's arguments
-        assert [p.tool_call_id for p in handle.pending_approvals()] == ["call_w"]  # still waiting
+        [pending] = handle.pending_approvals()
+        assert pending.tool_call_id == "call_w"  # still waiting
         assert not any(e["type"] == APPROVAL_GRANTED for e in handle.events())
         assert ran == []
-        handle.signal(APPROVAL_DENIED, {"call_id": call_id_for(handle.run_id, "call_w")})
+        handle.signal(APPROVAL_DENIED, {"call_id": pending.call_id, "digest": pending.digest})
 
     handle, outcome = asyncio.run(drive(model, check))
     assert outcome.value["text"].startswith("ApprovalDenied: denied by a person | ToolArgsError")
@@ -203,16 +205,18 @@ def test_an_approval_is_bound_to_the_call_id_and_the_exact_arguments_shown():
         with pytest.raises(KeyError):
             handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_other")})
         with pytest.raises(ValueError, match="other arguments"):
-            handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_b"), "arguments": {"to": "EVIL", "amount": 30}})
+            handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_b"), "digest": pending.digest,
+                                             "arguments": {"to": "EVIL", "amount": 30}})
         with pytest.raises(ValueError, match="digest"):
             handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_b"), "digest": "0" * 32})
         with pytest.raises(ValueError, match="reserved"):
             handle.signal("aaa.tool.completed", {"call_id": call_id_for(handle.run_id, "call_b")})
         shown_args["to"] = "EVIL"  # whoever holds the call's arguments changes them after they were shown
         assert handle.pending_approvals()[0].arguments == {"to": "ACME", "amount": 30}
-        handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_b"), "arguments": {"to": "ACME", "amount": 30}})
+        handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_b"), "digest": pending.digest,
+                                         "arguments": {"to": "ACME", "amount": 30}})
         with pytest.raises(KeyError):  # decided once
-            handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_b")})
+            handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_b"), "digest": pending.digest})
 
     handle, outcome = asyncio.run(drive(model, approve))
     assert outcome.value["text"] == "wired 30 to ACME" and ran == [{"to": "ACME", "amount": 30}]
