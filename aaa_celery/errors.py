@@ -28,6 +28,14 @@ class ConfigError(AAACeleryError, ValueError):
     """Invalid guard or tool configuration."""
 
 
+class InvalidId(AAACeleryError, ValueError):
+    """An id (call id, run id or tenant) is empty, too long, or carries control characters."""
+
+
+class ForeignCall(InvalidId):
+    """A message's tenant or run header names another tenant or run than its call id belongs to."""
+
+
 class ToolError(AAACeleryError):
     """A tool failed cleanly; the message is meant for the model."""
 

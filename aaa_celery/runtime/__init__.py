@@ -3,7 +3,7 @@
 from .approvals import APPROVAL_DENIED, APPROVAL_GRANTED, PendingApproval
 from .engine import Engine
 from .results import ToolFact
-from .run import RunHandle, RunOutcome
+from .run import ANY_TENANT, RunHandle, RunOutcome
 from .sync import SyncEngine, SyncRunHandle
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "RunHandle",
     "RunOutcome",
     "ToolFact",
+    "ANY_TENANT",
     # sync facade for WSGI apps
     "SyncEngine",
     "SyncRunHandle",

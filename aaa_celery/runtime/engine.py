@@ -3,8 +3,9 @@
 ``Engine()`` is the embedded default: an in-process Celery worker thread on the
 in-memory broker, with the in-memory store, so nothing needs a server.
 ``Engine(app=celery_app)`` drives a real fleet: tool calls leave as guarded
-Celery tasks (task id: the call id ``<run id>:<tool call id>``, so re-sending a call is
-deduplicated by the guard), go to their pool's queue ``aaa.<pool>``, and come
+Celery tasks (task id: a call id the engine mints, ``<tenant>:<run id>:<turn>.<position>.<digest>``,
+so re-sending a call is deduplicated by the guard, and a tenant's calls never share a key
+with another's), go to their pool's queue ``aaa.<pool>``, and come
 back through the result backend as ``aaa.tool.completed`` / ``aaa.tool.failed``
 facts.
 
@@ -34,13 +35,15 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 
 from ..errors import ConfigError
+from ..protocol import check_run_id, check_tenant, tenant_of
 from ..tools.handler import ToolHandler, store_of, use_store
 from .approvals import DEFAULT_APPROVAL_TTL_S, PendingApproval, check_ttl
 from .embedded import EmbeddedWorker, embedded_app
 from .executor import ToolExecutor
-from .run import RunHandle, RunOutcome
+from .run import ANY_TENANT, AnyTenant, RunHandle, RunOutcome, in_scope
 
 if TYPE_CHECKING:
+    from ..lifecycle import Event, Outcome
     from ..stores import Store
     from .sync import SyncEngine
 
@@ -150,18 +153,31 @@ class Engine:
         Args:
             algo: the algorithm, e.g. ``ToolLoop(registry)``.
             input: its input, e.g. ``{"task": "refund order A-100"}``.
-            tenant: optional; reaches every tool as ``ctx.tenant``.
-            run_id: optional; a fresh ``run_<hex>`` by default.
+            tenant: optional; part of every call id of the run (so of every store key),
+                and reaches every tool as ``ctx.tenant``.
+            run_id: optional; a fresh ``run_<hex>`` by default. Starting a run id again
+                (for the same tenant) drives it again: each call it makes again finds its
+                recorded result.
+
+        Raises:
+            InvalidId: an empty, over-long or control-character tenant or run id.
+            ConfigError: the run is still running, or this engine knows ``run_id`` as
+                another tenant's run.
         """
         if self.llm is None:
             raise ConfigError("Engine: no model attached; call LLMHandler(client).attach(engine) first")
+        check_tenant(tenant)
+        run_id = check_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex[:12]}"
+        known = self.runs.get(run_id)
+        if known is not None and known.tenant != tenant:
+            raise ConfigError(f"Engine.start: run id {run_id!r} is taken by another tenant's run; "
+                              "a run id belongs to one tenant, choose another")
+        if known is not None and not known.done:
+            raise ConfigError(f"Engine.start: run {run_id!r} is already running")
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._loop = loop
             self.tools.new_loop()
-        run_id = run_id or f"run_{uuid.uuid4().hex[:12]}"
-        if run_id in self.runs and not self.runs[run_id].done:
-            raise ConfigError(f"Engine.start: run {run_id!r} is already running")
         self._ensure_worker()
         handle = RunHandle(self, run_id, tenant)
         self.runs[handle.run_id] = handle
@@ -183,6 +199,25 @@ class Engine:
             raise ConfigError("Engine.submit: the engine's event loop is not running; use SyncEngine")
         return asyncio.run_coroutine_threadsafe(self.run(algo, input, **kwargs), loop)
 
-    def pending_approvals(self) -> list[PendingApproval]:
-        """Every call of every run that waits for a person, oldest first."""
-        return sorted((p for h in self.runs.values() for p in h.pending_approvals()), key=lambda p: p.since)
+    # -- reads, scoped by tenant -------------------------------------------------
+    # Omit ``tenant`` for an operator's view of every tenant; pass it (None: the runs
+    # without a tenant) and another tenant's runs and calls are not there at all.
+    def get(self, run_id: str, *, tenant: str | None | AnyTenant = ANY_TENANT) -> RunHandle:
+        """The handle of a run this engine started; ``KeyError`` if unknown, or another tenant's."""
+        handle = self.runs.get(run_id)
+        if handle is None or not in_scope(handle.tenant, tenant):
+            raise KeyError(f"no run {run_id!r}" + ("" if tenant is ANY_TENANT else " for this tenant"))
+        return handle
+
+    def pending_approvals(self, *, tenant: str | None | AnyTenant = ANY_TENANT) -> list[PendingApproval]:
+        """Every call of every run (of ``tenant``) that waits for a person, oldest first."""
+        return sorted((p for h in list(self.runs.values()) if in_scope(h.tenant, tenant)
+                       for p in h.pending_approvals()), key=lambda p: p.since)
+
+    def call_events(self, call_id: str, *, tenant: str | None | AnyTenant = ANY_TENANT) -> list[Event]:
+        """A call's audit trail from the store; empty for another tenant's call."""
+        return self.store.events(call_id) if in_scope(tenant_of(call_id), tenant) else []
+
+    def call_result(self, call_id: str, *, tenant: str | None | AnyTenant = ANY_TENANT) -> Outcome | None:
+        """A call's recorded result from the store; None for another tenant's call."""
+        return self.store.result(call_id) if in_scope(tenant_of(call_id), tenant) else None

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ApprovalDenied, ApprovalExpired, ToolArgsError
 from ..llm.types import LLMRequest, LLMResponse, ToolCall
-from ..protocol import call_id_for
+from ..protocol import mint_call_id
 from ..tools.tool import Tool
 from .approvals import (
     APPROVAL_DENIED,
@@ -24,6 +24,29 @@ from .results import ToolFact, failed
 
 if TYPE_CHECKING:
     from .engine import Engine
+
+
+class AnyTenant:
+    """The type of :data:`ANY_TENANT`."""
+
+    _instance: AnyTenant | None = None
+
+    def __new__(cls) -> AnyTenant:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "ANY_TENANT"
+
+
+#: A read of every tenant's runs (an operator's view): the default of the engine's reads.
+ANY_TENANT = AnyTenant()
+
+
+def in_scope(owner: str | None, tenant: str | None | AnyTenant) -> bool:
+    """Whether a run or call of tenant ``owner`` is visible to a read scoped to ``tenant``."""
+    return tenant is ANY_TENANT or owner == tenant
 
 
 @dataclass
@@ -52,6 +75,7 @@ class RunHandle:
         self.started_at = time.time()
         self._events: list[dict[str, Any]] = []
         self._approvals: dict[str, PendingApproval] = {}
+        self._turns = 0
         self._task: asyncio.Task[RunOutcome] = None  # type: ignore[assignment]
 
     @property
@@ -144,11 +168,18 @@ class RunHandle:
         return response
 
     async def call_tools(self, calls: tuple[ToolCall, ...] | list[ToolCall]) -> list[ToolFact]:
-        """Run the calls concurrently; each ends as one fact, never an exception."""
-        return list(await asyncio.gather(*(self._call(c) for c in calls)))
+        """Run the calls concurrently; each ends as one fact, never an exception.
 
-    async def _call(self, call: ToolCall) -> ToolFact:
-        call_id = call_id_for(self.run_id, call.id)
+        Each call gets an id of the engine's (:func:`~aaa_celery.protocol.mint_call_id`):
+        this run's tenant and id, the number of this ``call_tools`` in the run (its turn),
+        the call's position in ``calls``, and a digest of its tool and arguments. The
+        model's id (``ToolCall.id``) only threads the fact back to the model's message.
+        """
+        turn, self._turns = self._turns, self._turns + 1
+        ids = [mint_call_id(self.tenant, self.run_id, turn, n, c.name, c.arguments) for n, c in enumerate(calls)]
+        return list(await asyncio.gather(*(self._call(call_id, c) for call_id, c in zip(ids, calls, strict=True))))
+
+    async def _call(self, call_id: str, call: ToolCall) -> ToolFact:
         self.emit("aaa.tool.requested", {"call_id": call_id, "tool_call_id": call.id, "name": call.name,
                                          "arguments": call.arguments})
         fact = await self._execute(call_id, call)

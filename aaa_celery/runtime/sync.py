@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from .approvals import APPROVAL_DENIED, APPROVAL_GRANTED, PendingApproval
 from .engine import Engine
-from .run import RunHandle, RunOutcome
+from .run import ANY_TENANT, AnyTenant, RunHandle, RunOutcome, in_scope
 
 T = TypeVar("T")
 
@@ -144,18 +144,19 @@ class SyncEngine:
         """Start a run and block until its outcome (``TimeoutError`` after ``timeout`` s)."""
         return self.start(algo, input, **kwargs).result(timeout)
 
-    def get(self, run_id: str) -> SyncRunHandle:
-        """The handle of a run this engine started (``KeyError`` if unknown)."""
-        return SyncRunHandle(self, self.engine.runs[run_id])
+    def get(self, run_id: str, *, tenant: str | None | AnyTenant = ANY_TENANT) -> SyncRunHandle:
+        """The handle of a run this engine started (``KeyError`` if unknown or, with ``tenant``,
+        another tenant's run)."""
+        return SyncRunHandle(self, self.engine.get(run_id, tenant=tenant))
 
-    def runs(self) -> list[SyncRunHandle]:
-        """Every run this engine knows, newest first."""
-        handles = sorted(self.engine.runs.values(), key=lambda h: h.started_at, reverse=True)
-        return [SyncRunHandle(self, h) for h in handles]
+    def runs(self, *, tenant: str | None | AnyTenant = ANY_TENANT) -> list[SyncRunHandle]:
+        """Every run this engine knows (of ``tenant``), newest first."""
+        handles = [h for h in list(self.engine.runs.values()) if in_scope(h.tenant, tenant)]
+        return [SyncRunHandle(self, h) for h in sorted(handles, key=lambda h: h.started_at, reverse=True)]
 
-    def pending_approvals(self) -> list[PendingApproval]:
-        """Every call of every run waiting for a person, oldest first."""
-        return self.engine.pending_approvals()
+    def pending_approvals(self, *, tenant: str | None | AnyTenant = ANY_TENANT) -> list[PendingApproval]:
+        """Every call of every run (of ``tenant``) waiting for a person, oldest first."""
+        return self.engine.pending_approvals(tenant=tenant)
 
     # -- lifecycle ---------------------------------------------------------------
     def close(self, timeout: float = 10.0) -> None:

@@ -14,7 +14,7 @@ from celery.utils.functional import head_from_fun
 
 from ..context import ToolContext
 from ..lifecycle import CallSpec
-from ..protocol import HEADERS, RUN_HEADER, TENANT_HEADER, TOOL_CALL_HEADER
+from ..protocol import HEADERS, RUN_HEADER, TOOL_CALL_HEADER, parse_call_id
 
 
 def is_context(p: inspect.Parameter) -> bool:
@@ -73,10 +73,10 @@ def aaa_headers(source: Any) -> dict[str, Any]:
 
 
 def default_key(call_id: str, headers: dict[str, Any]) -> str:
-    """The idempotency key without a key function: ``<run>/<tool call id>`` for engine
-    calls, else the call id."""
+    """The idempotency key without a key function: ``<run>/<call id>`` for engine calls,
+    else the call id. Never the model's tool call id: a model may reuse one for other calls."""
     if headers.get(RUN_HEADER):
-        return f"{headers[RUN_HEADER]}/{headers.get(TOOL_CALL_HEADER) or call_id}"
+        return f"{headers[RUN_HEADER]}/{call_id}"
     return call_id
 
 
@@ -96,14 +96,16 @@ def with_message(spec: CallSpec, message: dict[str, Any]) -> CallSpec:
 
 def context(request: Any, key: str, attempt: int) -> ToolContext:
     """The ``ctx`` of an attempt, from the Celery request that carries it."""
+    # the tenant (and, for a tenant-scoped id, the run) is the call id's: see protocol.check_call
+    identity = parse_call_id(request.id)
     return ToolContext(
         engine=None,
-        run_id=getattr(request, RUN_HEADER, None) or request.root_id or request.id,
+        run_id=identity.run_id if identity else getattr(request, RUN_HEADER, None) or request.root_id or request.id,
         call_id=request.id,
         tool_call_id=getattr(request, TOOL_CALL_HEADER, None),
         attempt=attempt,
         fence=attempt,
         idempotency_key=key,
-        tenant=getattr(request, TENANT_HEADER, None),
+        tenant=identity.tenant if identity else None,
         meta={"task_id": request.id, "hostname": request.hostname, "pid": os.getpid()},
     )

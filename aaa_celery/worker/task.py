@@ -17,9 +17,10 @@ from celery import Task
 from celery.exceptions import Ignore, Reject
 
 from ..context import ToolContext
-from ..errors import StoreError
+from ..errors import ForeignCall, StoreError
 from ..guard import Dropped, GuardRunner, HandBack, run_unguarded
 from ..lifecycle import CallSpec
+from ..protocol import RUN_HEADER, TENANT_HEADER, check_call
 from . import calls, publish
 from .codec import CODEC
 from .control import REPLACED, control_for, raise_for
@@ -102,6 +103,13 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
         if req.called_directly:
             # Unguarded: a direct call (a unit test) runs the body with a marked context.
             return self.body(args, kwargs, ToolContext.direct())
+        try:  # the call id is the key, and it says whose call this is: a header cannot say otherwise
+            check_call(req.id, getattr(req, TENANT_HEADER, None), getattr(req, RUN_HEADER, None))
+        except ForeignCall as e:
+            # acked and dropped, writing nothing: not even Celery's result (a Reject would record
+            # a FAILURE under the id, which may be another tenant's running call)
+            log.error("aaa: dropped message %s: %s", ascii(req.id), e)
+            raise Ignore() from None
         config = self.guard_config
         headers = calls.aaa_headers(req)
         key = self.key_for(req.id, headers, args, kwargs)

@@ -35,6 +35,11 @@ def test_the_spec_example_prints_its_three_lines():
     ]
 
 
+def requested_ids(handle) -> list[str]:
+    """The engine's call ids of the run's calls, in the order requested."""
+    return [e["data"]["call_id"] for e in handle.events() if e["type"] == "aaa.tool.requested"]
+
+
 async def _run(registry: ToolRegistry, *calls, handler: ToolHandler | None = None, engine_kwargs=None):
     async with Engine(**(engine_kwargs or {})) as engine:
         LLMHandler(FakeLLMClient(call_then_echo(*calls))).attach(engine)
@@ -62,14 +67,15 @@ def test_tool_body_runs_inside_a_celery_worker_task_with_the_guard_in_force():
     assert outcome.status == "completed" and outcome.value["text"] == "here"
     assert seen["queue"].startswith("aaa-embedded-")  # it came through the broker
     # one meaning of "call id": the task id and the store key; the model's id threads the transcript
-    assert seen["task_id"] == ctx.call_id == f"{handle.run_id}:{ctx.tool_call_id}"
+    assert seen["task_id"] == ctx.call_id == requested_ids(handle)[0]
+    assert ctx.call_id.startswith(f"~:{handle.run_id}:0.0.") and ctx.tool_call_id.startswith("call_")
     assert seen["thread"] != threading.main_thread().name
     # the attempt record was durable before the body ran, and the result was recorded after
     assert seen["events_before_body"] == ["aaa.tool.started"]
     trail = engine.store.events(seen["task_id"])
     assert [e.type for e in trail] == ["aaa.tool.started", "aaa.tool.completed"]
     assert trail[0].id == f"{seen['task_id']}:attempt:1"
-    assert trail[0].data["idempotency_key"] == f"{handle.run_id}/{ctx.tool_call_id}"
+    assert trail[0].data["idempotency_key"] == f"{handle.run_id}/{ctx.call_id}"
 
 
 def test_tool_context_values():
@@ -103,11 +109,11 @@ def test_tool_context_values():
     assert outcome.value["text"] == "k | b | 42"
     by_key = {c.idempotency_key: c for c in seen}
     default = next(c for c in seen if "/" in c.idempotency_key)
-    assert default.idempotency_key == f"{handle.run_id}/{default.tool_call_id}"
+    assert default.idempotency_key == f"{handle.run_id}/{default.call_id}"
     assert "refund:A-2" in by_key
     for c in seen:
         assert (c.attempt, c.fence, c.run_id) == (1, 1, handle.run_id)
-        assert c.tool_call_id.startswith("call_") and c.call_id == f"{handle.run_id}:{c.tool_call_id}"
+        assert c.tool_call_id.startswith("call_") and c.call_id in requested_ids(handle)
 
 
 def test_every_kind_of_failure_becomes_a_failed_fact_for_the_model():

@@ -18,7 +18,6 @@ import redis
 from aaa_celery.algos import ToolLoop
 from aaa_celery.llm import FakeLLMClient, LLMHandler, LLMRequest, LLMResponse, ToolCall
 from aaa_celery.llm.fake import text
-from aaa_celery.protocol import call_id_for
 from aaa_celery.runtime import APPROVAL_GRANTED, Engine, RunHandle, RunOutcome
 from aaa_celery.worker.stores import app_store
 
@@ -104,6 +103,12 @@ def run(fleet: Fleet, *turns: Any, **kwargs: Any) -> tuple[RunHandle, RunOutcome
 
 
 
+def ids(handle: RunHandle) -> dict[str, str]:
+    """The engine's call id of each call, by the model's tool call id."""
+    return {e["data"]["tool_call_id"]: e["data"]["call_id"] for e in handle.events()
+            if e["type"] == "aaa.tool.requested"}
+
+
 def facts(handle: RunHandle) -> dict[str, dict[str, Any]]:
     """The result event of each call, by the model's tool call id."""
     model_id = {e["data"]["call_id"]: e["data"]["tool_call_id"] for e in handle.events()
@@ -121,12 +126,12 @@ def test_three_tools_one_approved_then_the_answer_with_the_full_event_sequence(f
     async def approve_after_the_others(engine: Engine, handle: RunHandle) -> None:
         pending = await until(handle.pending_approvals, what="the wire call waits for a person")
         assert [(p.tool, p.arguments, p.run_id, p.call_id) for p in pending] == [
-            ("wire", {"to": "ACME", "amount": 30}, handle.run_id, call_id_for(handle.run_id, "call_wire"))
+            ("wire", {"to": "ACME", "amount": 30}, handle.run_id, ids(handle)["call_wire"])
         ]
         await until(lambda: len(facts(handle)) == 2, what="charge and lookup done")
         # not sent while waiting: no body run, nothing registered in the store
         assert fleet.ledger("wire") == []
-        assert fleet.client.AsyncResult(f"{handle.run_id}:call_wire").state == "PENDING"
+        assert fleet.client.AsyncResult(pending[0].call_id).state == "PENDING"
         handle.signal(APPROVAL_GRANTED, {"call_id": pending[0].call_id, "digest": pending[0].digest})
 
     handle, outcome = run(fleet, calls(c_charge, c_wire, c_lookup), echo_facts, during=approve_after_the_others)
@@ -135,9 +140,9 @@ def test_three_tools_one_approved_then_the_answer_with_the_full_event_sequence(f
     assert outcome.status == "completed"
     assert outcome.value["text"] == "charged 30 for A-1 | wired 30 to ACME | order A-1: paid 30 EUR"
     # and the run's events came in this order (charge and lookup finish in either order)
-    # (events name the call id <run id>:<tool call id>; shown here by the model's tool call id)
-    prefix = f"{handle.run_id}:"
-    types = [(e["type"], (e["data"].get("call_id") or "").removeprefix(prefix) or None) for e in handle.events()]
+    # (events name the engine's call id; shown here by the model's tool call id)
+    model_id = {v: k for k, v in ids(handle).items()}
+    types = [(e["type"], model_id.get(e["data"].get("call_id"))) for e in handle.events()]
     assert types[:6] == [
         ("aaa.run.started", None),
         ("aaa.llm.completed", None),
@@ -153,13 +158,14 @@ def test_three_tools_one_approved_then_the_answer_with_the_full_event_sequence(f
         ("aaa.llm.completed", None),
         ("aaa.run.completed", None),
     ]
-    # each call ran once, as task <run id>:<call id>, on the fleet
-    for name, call in (("charge", c_charge), ("wire", c_wire)):
+    # each call ran once, as task <tenant>:<run id>:<turn>.<position>.<digest>, on the fleet
+    for name, call, position in (("charge", c_charge, 0), ("wire", c_wire, 1)):
         [entry] = fleet.ledger(name)
-        assert entry["task_id"] == f"{handle.run_id}:{call.id}"
+        assert entry["task_id"] == ids(handle)[call.id]
+        assert entry["task_id"].startswith(f"~:{handle.run_id}:0.{position}.")
         assert entry["pid"] != os.getpid()
     # the store's audit trail of the approved call
-    events = app_store(fleet.client).events(f"{handle.run_id}:call_wire")
+    events = app_store(fleet.client).events(ids(handle)["call_wire"])
     assert [e.type for e in events] == ["aaa.tool.started", "aaa.tool.completed"]
 
 
@@ -169,9 +175,10 @@ def test_task_id_and_tenant_reach_the_tool_context_on_the_worker(fleet: Fleet):
     assert value == {
         "tenant": "acme",
         "run_id": handle.run_id,
-        "call_id": f"{handle.run_id}:call_who",
-        "task_id": f"{handle.run_id}:call_who",
+        "call_id": ids(handle)["call_who"],
+        "task_id": ids(handle)["call_who"],
     }
+    assert value["call_id"].startswith(f"acme:{handle.run_id}:0.0.")
 
 
 def test_failures_on_the_fleet_become_failed_facts_with_type_and_message(fleet: Fleet):
@@ -190,7 +197,7 @@ def test_calls_of_one_turn_run_concurrently_on_the_fleet(fleet: Fleet):
     handle, outcome = run(fleet, calls(*[("nap", {"seconds": 1.5})] * 4), echo_facts)
     elapsed = time.monotonic() - started
     assert outcome.status == "completed"
-    mine = [e for e in fleet.ledger("nap") if e["task_id"].startswith(handle.run_id)]
+    mine = [e for e in fleet.ledger("nap") if f":{handle.run_id}:" in e["task_id"]]
     starts = sorted(e["at"] for e in mine if e["event"] == "start")
     ends = sorted(e["at"] for e in mine if e["event"] == "end")
     assert len(starts) == 4 and max(starts) < min(ends)  # all four were running at once
@@ -205,24 +212,31 @@ def test_slow_pool_of_one_never_overlaps_while_default_calls_keep_flowing(fleet:
         echo_facts,
     )
     assert outcome.status == "completed"
-    mine = lambda name: [e for e in fleet.ledger(name) if e["task_id"].startswith(handle.run_id)]  # noqa: E731
+    mine = lambda name: [e for e in fleet.ledger(name) if f":{handle.run_id}:" in e["task_id"]]  # noqa: E731
     slow = sorted(mine("slow_nap"), key=lambda e: e["at"])
     assert [e["event"] for e in slow] == ["start", "end", "start", "end"]  # never two at once
     quick_ends = [e["at"] for e in mine("nap") if e["event"] == "end"]
     assert len(quick_ends) == 3 and max(quick_ends) < slow[2]["at"]  # default flowed meanwhile
 
 
-def test_resending_the_same_call_id_is_deduplicated_by_the_guard(fleet: Fleet):
-    # Given the model sends the same call twice in one turn, and the run is driven again later
-    call = ToolCall("charge", {"order_id": "D-1", "amount": 5}, id="call_dup")
-    handle, outcome = run(fleet, calls(call, call), echo_facts, run_id="run_dedup")
-    assert outcome.value["text"] == "charged 5 for D-1 | charged 5 for D-1"
-    again, outcome2 = run(fleet, calls(call), echo_facts, run_id="run_dedup")
-    assert outcome2.value["text"] == "charged 5 for D-1"
-    # Then the body ran once: every copy is task run_dedup:call_dup, answered from the store
-    assert [e["task_id"] for e in fleet.ledger("charge") if e["task_id"].startswith("run_dedup")] == [
-        "run_dedup:call_dup"
-    ]
+def test_driving_a_run_again_is_deduplicated_by_the_guard_but_a_reused_model_id_is_a_new_call(fleet: Fleet):
+    """Reproduces on 4a34578 (the reused model id): the second ``call_dup`` of one turn got the
+    first's result, its body never ran."""
+    # Given the model sends two charges under one model id in one turn
+    first = ToolCall("charge", {"order_id": "D-1", "amount": 5}, id="call_dup")
+    second = ToolCall("charge", {"order_id": "D-2", "amount": 7}, id="call_dup")
+    handle, outcome = run(fleet, calls(first, second), echo_facts, run_id="run_dedup")
+    # Then they are two calls, and both ran
+    assert outcome.value["text"] == "charged 5 for D-1 | charged 7 for D-2"
+    mine = lambda: [e["call_id"] for e in fleet.ledger("charge") if ":run_dedup:" in e["call_id"]]  # noqa: E731
+    assert len(set(mine())) == 2
+    # When the same run is driven again with the same turn (a resume)
+    again, outcome2 = run(fleet, calls(first, second), echo_facts, run_id="run_dedup")
+    # Then each call is the same call: answered from the store, no body ran again
+    assert outcome2.value["text"] == "charged 5 for D-1 | charged 7 for D-2"
+    requested = lambda h: [e["data"]["call_id"] for e in h.events() if e["type"] == "aaa.tool.requested"]  # noqa: E731
+    assert requested(again) == requested(handle) and len(set(requested(handle))) == 2
+    assert len(mine()) == 2
 
 
 def test_a_lost_at_most_once_call_reaches_the_model_as_outcome_unknown_verify_do_not_retry(fleet: Fleet):
@@ -238,3 +252,67 @@ def test_a_lost_at_most_once_call_reaches_the_model_as_outcome_unknown_verify_do
     assert "Do not simply retry" in fact["message"] and "verify" in fact["message"]
     assert outcome.value["text"].startswith("OutcomeUnknown: ")
     assert len(fleet.ledger("hang", "start")) == 1  # never run again
+
+
+# -- call identity and tenants on the fleet (issue 12) ---------------------------------------------
+
+
+def test_a_model_that_says_call_0_every_turn_gets_every_call_run_on_the_fleet(fleet: Fleet):
+    """Reproduces on 4a34578: the second turn's ``call_0`` was answered with the first turn's result."""
+    handle, outcome = run(
+        fleet,
+        calls(ToolCall("charge", {"order_id": "E-1", "amount": 1}, id="call_0")),
+        calls(ToolCall("charge", {"order_id": "E-2", "amount": 2}, id="call_0")),
+        echo_facts,
+    )
+    assert outcome.value["text"] == "charged 1 for E-1 | charged 2 for E-2"
+    started = [e for e in fleet.ledger("charge") if f":{handle.run_id}:" in e["call_id"]]
+    assert [e["call_id"].split(":")[2][:3] for e in started] == ["0.0", "1.0"]  # turn 0, then turn 1
+
+
+def test_two_tenants_with_equal_run_and_model_call_ids_never_share_a_call_on_the_fleet(fleet: Fleet):
+    """Reproduces on 4a34578: tenant globex's call had acme's key ``r-tenants:call_0``; globex got
+    acme's result (``"tenant": "acme"``) and its own call never ran."""
+    who = ToolCall("whoami", {}, id="call_0")
+    # Given acme and globex, from two engines (two web processes) on one Redis store and fleet
+    handle_a, outcome_a = run(fleet, calls(who), echo_facts, run_id="r-tenants", tenant="acme")
+    handle_b, outcome_b = run(fleet, calls(who), echo_facts, run_id="r-tenants", tenant="globex")
+    # Then each ran its own call, and each one's result is its own
+    value_a, value_b = facts(handle_a)["call_0"]["data"]["value"], facts(handle_b)["call_0"]["data"]["value"]
+    assert (value_a["tenant"], value_b["tenant"]) == ("acme", "globex")
+    call_a, call_b = value_a["call_id"], value_b["call_id"]
+    assert call_a != call_b
+    assert [e["tenant"] for e in fleet.ledger("whoami") if ":r-tenants:" in e["call_id"]] == ["acme", "globex"]
+    store = app_store(fleet.client)
+    assert store.result(call_a).value["tenant"] == "acme" and store.result(call_b).value["tenant"] == "globex"
+
+    # and every read scoped to the wrong tenant sees nothing
+    async def reads() -> None:
+        async with Engine(app=fleet.client) as engine:
+            for call, owner, other in ((call_a, "acme", "globex"), (call_b, "globex", "acme")):
+                assert engine.call_result(call, tenant=owner).value["tenant"] == owner
+                assert engine.call_result(call, tenant=other) is None
+                assert engine.call_events(call, tenant=other) == []
+                assert engine.call_result(call, tenant=None) is None
+
+    asyncio.run(reads())
+
+
+def test_a_forged_tenant_header_on_the_fleet_is_dropped_and_writes_nothing(fleet: Fleet):
+    from aaa_celery.protocol import TENANT_HEADER
+
+    handle, _ = run(fleet, calls(ToolCall("whoami", {}, id="call_0")), echo_facts, run_id="r-forged", tenant="acme")
+    acme_call = ids(handle)["call_0"]
+    store = app_store(fleet.client)
+    before = [e.id for e in store.events(acme_call)]
+    # When a plain send names globex on acme's call id
+    fleet.client.tasks["aaa.tool.whoami"].apply_async(kwargs={"arguments": {}}, task_id=acme_call,
+                                                      headers={TENANT_HEADER: "globex"})
+    deadline = time.monotonic() + 30
+    while "dropped message" not in fleet.workers[0].log:
+        assert time.monotonic() < deadline, fleet.logs()
+        time.sleep(0.1)
+    # Then it never ran, and acme's record and Celery result are untouched
+    assert [e["tenant"] for e in fleet.ledger("whoami") if e["call_id"] == acme_call] == ["acme"]
+    assert [e.id for e in store.events(acme_call)] == before
+    assert fleet.client.AsyncResult(acme_call).result["tenant"] == "acme"

@@ -82,6 +82,6 @@ def test_result_retry_records_the_result_once_after_the_store_comes_back(redis_u
     assert elapsed >= 1.0  # the retry path really ran: the first finish could not land
     (key,) = list(pauser.scan_iter("aaa:*:result"))
     task_id = key.decode().split("}:", 1)[1].removesuffix(":result")
-    assert task_id.startswith(outcome.run_id + ":")
+    assert task_id.startswith(f"~:{outcome.run_id}:")  # no tenant, this run
     types = [e.type for e in store.events(task_id)]
     assert types == ["aaa.tool.started", "aaa.tool.completed"]

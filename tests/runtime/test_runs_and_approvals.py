@@ -13,7 +13,6 @@ import pytest
 from aaa_celery.algos import ToolLoop
 from aaa_celery.llm import FakeLLMClient, LLMHandler, LLMRequest, LLMResponse, ToolCall
 from aaa_celery.llm.fake import text, tool_call
-from aaa_celery.protocol import call_id_for
 from aaa_celery.runtime import APPROVAL_DENIED, APPROVAL_GRANTED, Engine, RunHandle, SyncEngine
 from aaa_celery.tools import ToolContext, ToolHandler, ToolRegistry, tool
 
@@ -203,20 +202,20 @@ def test_an_approval_is_bound_to_the_call_id_and_the_exact_arguments_shown():
     async def approve(engine: Engine, handle: RunHandle) -> None:
         [pending] = await until(handle.pending_approvals)
         with pytest.raises(KeyError):
-            handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_other")})
+            handle.signal(APPROVAL_GRANTED, {"call_id": pending.call_id + "x"})
         with pytest.raises(ValueError, match="other arguments"):
-            handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_b"), "digest": pending.digest,
+            handle.signal(APPROVAL_GRANTED, {"call_id": pending.call_id, "digest": pending.digest,
                                              "arguments": {"to": "EVIL", "amount": 30}})
         with pytest.raises(ValueError, match="digest"):
-            handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_b"), "digest": "0" * 32})
+            handle.signal(APPROVAL_GRANTED, {"call_id": pending.call_id, "digest": "0" * 32})
         with pytest.raises(ValueError, match="reserved"):
-            handle.signal("aaa.tool.completed", {"call_id": call_id_for(handle.run_id, "call_b")})
+            handle.signal("aaa.tool.completed", {"call_id": pending.call_id})
         shown_args["to"] = "EVIL"  # whoever holds the call's arguments changes them after they were shown
         assert handle.pending_approvals()[0].arguments == {"to": "ACME", "amount": 30}
-        handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_b"), "digest": pending.digest,
+        handle.signal(APPROVAL_GRANTED, {"call_id": pending.call_id, "digest": pending.digest,
                                          "arguments": {"to": "ACME", "amount": 30}})
         with pytest.raises(KeyError):  # decided once
-            handle.signal(APPROVAL_GRANTED, {"call_id": call_id_for(handle.run_id, "call_b"), "digest": pending.digest})
+            handle.signal(APPROVAL_GRANTED, {"call_id": pending.call_id, "digest": pending.digest})
 
     handle, outcome = asyncio.run(drive(model, approve))
     assert outcome.value["text"] == "wired 30 to ACME" and ran == [{"to": "ACME", "amount": 30}]
