@@ -1,4 +1,4 @@
-"""What the web integrations share: settings, one engine per process, JSON views, the page.
+"""What the web integrations share: settings, one engine per process, the ``authorize`` hook, JSON views.
 
 The Flask extension and the Django app are thin adapters over :class:`AgentRuns`.
 """
@@ -6,17 +6,21 @@ The Flask extension and the Django app are thin adapters over :class:`AgentRuns`
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from html import escape
 from typing import Any
 
 from ..algos import ToolLoop
+from ..errors import ConfigError
 from ..llm import LLMHandler
-from ..runtime import Engine, SyncEngine
+from ..runtime import Engine, PendingApproval, SyncEngine
+from ..runtime.approvals import DEFAULT_APPROVAL_TTL_S, check_ttl
 from ..runtime.sync import SyncRunHandle
-from ._pages import INDEX, RUN
+
+logger = logging.getLogger("aaa_celery.contrib")
 
 #: Allowed decisions on a pending approval, as posted by a person.
 DECISIONS = ("approve", "deny")
@@ -48,8 +52,15 @@ class Settings:
     algorithm: Any = None
     """The algorithm of every run, or an import path. Default: ``ToolLoop`` over every tool."""
     authorize: Any = None
-    """``authorize(request, action) -> bool`` with action ``start``/``view``/``decide``, or an import
-    path. Default: allow all. Protect ``decide`` in production: an approval must come from a person."""
+    """``authorize(request, run, call) -> bool``, or its import path: whether ``request`` may see or act.
+    ``run`` is the run concerned (a ``SyncRunHandle``; None to list or start runs), ``call`` the
+    ``PendingApproval`` being approved or denied (None unless deciding). Required: without it the
+    routes refuse to serve, unless ``allow_anonymous`` is set."""
+    allow_anonymous: bool = False
+    """Development only: serve every route, approvals included, to anyone who can reach them (logs a
+    warning). Never in production: an approval must come from a person you know."""
+    approval_ttl_s: float = DEFAULT_APPROVAL_TTL_S
+    """How long a call waits for a person, in seconds (default 24 h); then it fails as ApprovalExpired."""
     url_prefix: str = "/aaa"
     """Flask only: where the blueprint's routes live."""
 
@@ -61,6 +72,40 @@ class Settings:
         if prefix == "" and unknown:
             raise ValueError(f"AAA_CELERY: unknown keys {unknown}; known: {[f.name.upper() for f in fields(cls)]}")
         return cls(**found)
+
+
+ANONYMOUS_REFUSED = (
+    "aaa_celery: the agent-run routes need an AUTHORIZE hook, authorize(request, run, call) -> bool, that "
+    "says who may see runs and approve or deny calls (Flask: AAA_CELERY_AUTHORIZE; Django: "
+    "AAA_CELERY['AUTHORIZE']). For development only, ALLOW_ANONYMOUS=True serves them to anyone."
+)
+
+
+def check_authorize(settings: Settings) -> Callable[[Any, Any, Any], Any] | None:
+    """The settings' ``authorize`` hook, loaded and checked; None when anonymous access is allowed.
+
+    Raises:
+        ConfigError: no hook and no ``allow_anonymous``, or a hook that does not take
+            ``(request, run, call)``.
+    """
+    hook = load(settings.authorize)
+    if hook is None:
+        if settings.allow_anonymous is not True:
+            raise ConfigError(ANONYMOUS_REFUSED)
+        logger.warning("aaa_celery: ALLOW_ANONYMOUS is set: anyone who reaches the agent-run routes can "
+                       "approve calls. Set AUTHORIZE for anything but development.")
+        return None
+    if not callable(hook):
+        raise ConfigError(f"aaa_celery: AUTHORIZE must be a function authorize(request, run, call) -> bool, "
+                          f"got {hook!r}")
+    try:
+        inspect.signature(hook).bind(None, None, None)
+    except TypeError:
+        raise ConfigError(f"aaa_celery: AUTHORIZE {hook!r} must take (request, run, call); the older "
+                          f"(request, action) hook is gone: a call is being decided when call is not None") from None
+    except ValueError:  # no signature to read (a builtin): trust it
+        pass
+    return hook  # type: ignore[no-any-return]
 
 
 def _plain(value: Any) -> Any:
@@ -75,7 +120,9 @@ class AgentRuns:
         if settings.tools is None or settings.llm is None:
             raise ValueError("aaa_celery: set TOOLS (a ToolHandler) and LLM (a model client) to run agents")
         self.settings = settings
-        self.engine = SyncEngine(Engine(app=load(settings.app)))
+        self._authorize = check_authorize(settings)
+        ttl_s = check_ttl(settings.approval_ttl_s, "APPROVAL_TTL_S")
+        self.engine = SyncEngine(Engine(app=load(settings.app), approval_ttl_s=ttl_s))
         tools = load(settings.tools)
         for handler in tools if isinstance(tools, list | tuple) else [tools]:
             load(handler).attach(self.engine)
@@ -83,11 +130,22 @@ class AgentRuns:
         (llm if isinstance(llm, LLMHandler) else LLMHandler(llm)).attach(self.engine)
         algorithm = load(settings.algorithm)
         self.algorithm = algorithm if algorithm is not None else ToolLoop(self.engine.engine.tools.registry)
-        self._authorize: Callable[[Any, str], bool] | None = load(settings.authorize)
 
-    def allowed(self, request: Any, action: str) -> bool:
-        """Whether ``request`` may ``start``, ``view`` or ``decide`` (the ``authorize`` hook)."""
-        return True if self._authorize is None else bool(self._authorize(request, action))
+    def allowed(self, request: Any, run: SyncRunHandle | None = None, call: PendingApproval | None = None) -> bool:
+        """Whether ``request`` may list or start runs (no ``run``), see ``run``, or decide ``call``
+        (the ``authorize`` hook; True for anyone when anonymous access is allowed)."""
+        return True if self._authorize is None else self._authorize(request, run, call) is True
+
+    def handle(self, run_id: str) -> SyncRunHandle:
+        """The run ``run_id`` (``KeyError`` if this process does not know it)."""
+        return self.engine.get(run_id)
+
+    def pending(self, run_id: str, call_id: str) -> PendingApproval:
+        """The call ``call_id`` of run ``run_id`` that waits for a person (``KeyError`` if none)."""
+        for p in self.engine.get(run_id).pending_approvals():
+            if p.call_id == call_id:
+                return p
+        raise KeyError(f"no pending approval for call_id {call_id!r} in run {run_id!r}")
 
     def start(self, task: str, tenant: str | None = None) -> SyncRunHandle:
         """Start a run of the algorithm on ``{"task": task}``."""
@@ -106,13 +164,22 @@ class AgentRuns:
             "result": None if outcome is None else {"value": outcome.value, "error": outcome.error},
         })
 
-    def runs(self) -> list[dict[str, Any]]:
-        """Every run, newest first: id, tenant and status."""
-        return [{"run_id": h.run_id, "tenant": h.tenant, "status": h.status} for h in self.engine.runs()]
+    def runs(self, request: Any = None) -> list[dict[str, Any]]:
+        """Every run (that ``request`` may see, when given), newest first: id, tenant and status."""
+        return [{"run_id": h.run_id, "tenant": h.tenant, "status": h.status} for h in self.engine.runs()
+                if request is None or self.allowed(request, h)]
 
-    def approvals(self) -> list[dict[str, Any]]:
-        """Every pending approval (tool, arguments, run, since, digest), oldest first."""
-        return _plain([p.to_dict() for p in self.engine.pending_approvals()])
+    def approvals(self, request: Any = None) -> list[dict[str, Any]]:
+        """Every pending approval (of the runs ``request`` may see, when given), oldest first: tool,
+        arguments, run, tenant, since, expiry and digest."""
+        seen: dict[str, bool] = {}
+
+        def visible(p: PendingApproval) -> bool:
+            if p.run_id not in seen:
+                seen[p.run_id] = self.allowed(request, self.engine.get(p.run_id))
+            return seen[p.run_id]
+
+        return _plain([p.to_dict() for p in self.engine.pending_approvals() if request is None or visible(p)])
 
     def decide(self, run_id: str, call_id: str, decision: str, *, digest: str | None, reason: str = "",
                tenant: str | None = None) -> None:
@@ -153,11 +220,3 @@ class AgentRuns:
     def close(self) -> None:
         """Stop the engine (cancels the runs still going)."""
         self.engine.close()
-
-
-def page(name: str, **values: str) -> str:
-    """One of the HTML pages (``index``, ``run``), with ``{{name}}`` placeholders filled (HTML-escaped)."""
-    html = {"index": INDEX, "run": RUN}[name]
-    for key, value in {"csrf": "", **values}.items():
-        html = html.replace("{{" + key + "}}", escape(value))
-    return html

@@ -13,20 +13,38 @@ Then open http://127.0.0.1:5000/aaa/, start "refund order A-100", and approve.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import secrets
+from typing import Any
 
-from flask import Flask, redirect
+from flask import Flask, Request, redirect
 
 from aaa_celery.contrib.flask import AAACelery
 
 aaa = AAACelery()
 
 
+def authorize(request: Request, run: Any, call: Any) -> bool:
+    """Who may see runs and decide calls: here, only a person on this machine.
+
+    Replace it with your own check, e.g. ``current_user.is_staff`` to decide (``call`` is not
+    None) and ``run.tenant == current_user.tenant`` to see a run (``run`` is not None).
+    """
+    try:
+        return ipaddress.ip_address(request.remote_addr or "").is_loopback
+    except ValueError:
+        return False
+
+
 def create_app(**config: object) -> Flask:
     app = Flask(__name__)
     app.config.update(
+        # the session (and so the CSRF token of approvals) is signed with it: keep it secret and stable
+        SECRET_KEY=os.environ.get("FLASK_SECRET_KEY") or secrets.token_hex(32),
         AAA_CELERY_TOOLS="agent_tools:handler",
         AAA_CELERY_LLM="agent_tools:model",
+        AAA_CELERY_AUTHORIZE=authorize,
         # None runs the tools on the embedded worker; a Celery app sends them to a fleet
         AAA_CELERY_APP="worker:app" if os.environ.get("AAA_REDIS_URL") else None,
     )

@@ -13,15 +13,20 @@ Screenshots go to the test's tmp dir; ``AAA_UPDATE_SCREENSHOTS=1`` writes them t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from aaa_celery.llm import FakeLLMClient, LLMRequest, LLMResponse, ToolCall
+from aaa_celery.llm.fake import text
 
 from ..conftest import unavailable
 
@@ -44,7 +49,13 @@ def shots(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def base_url() -> Iterator[str]:
+def app_config() -> dict[str, Any]:
+    """Config overrides of the example app (a test may set its own model)."""
+    return {}
+
+
+@pytest.fixture
+def base_url(app_config: dict[str, Any]) -> Iterator[str]:
     """The example app, embedded engine, behind a real WSGI server on a free loopback port."""
     pytest.importorskip("flask")
     from werkzeug.serving import make_server
@@ -53,7 +64,7 @@ def base_url() -> Iterator[str]:
     try:
         from app import aaa, create_app  # the example app
 
-        app = create_app(TESTING=True, AAA_CELERY_APP=None)
+        app = create_app(TESTING=True, AAA_CELERY_APP=None, **app_config)
         try:
             server = make_server("127.0.0.1", 0, app, threaded=True)
             thread = threading.Thread(target=server.serve_forever, name="flask-example", daemon=True)
@@ -152,3 +163,62 @@ def test_a_person_sees_the_pending_approval_clicks_approve_and_sees_the_run_fini
     until(ec.text_to_be_present_in_element((By.ID, "runs"), run_id))
     until(ec.text_to_be_present_in_element((By.ID, "runs"), "completed"))
     assert browser.find_element(By.ID, "approvals").text == "none"
+
+
+# -- a model that tries to approve its own payment through the page ------------------------------
+
+#: Breaks out of an HTML attribute, focuses itself and clicks every Approve button on the page.
+ATTRIBUTE_PAYLOAD = ('x" tabindex="0" autofocus onfocus="window.__pwned=1;document.querySelectorAll(\'button\')'
+                     '.forEach(function(b){if(/approve/i.test(b.textContent))b.click()})" data-x="')
+#: Ends a script element and starts one of its own.
+SCRIPT_PAYLOAD = '</script><script>window.__pwned=2</script><img src=x onerror="window.__pwned=3">'
+
+
+def crafted_model(request: LLMRequest) -> LLMResponse:
+    """First turn: a legitimate refund plus one whose call id and arguments carry the payloads."""
+    if any(m.role == "tool" for m in request.messages):
+        return text("done")
+    return LLMResponse(tool_calls=(
+        ToolCall("refund", {"order_id": "A-100", "amount": 30}, id="call_ok"),
+        ToolCall("refund", {"order_id": SCRIPT_PAYLOAD, "amount": 1}, id=ATTRIBUTE_PAYLOAD + SCRIPT_PAYLOAD),
+    ))
+
+
+@pytest.mark.parametrize("app_config", [{"AAA_CELERY_LLM": FakeLLMClient(crafted_model)}], ids=["crafted"])
+def test_a_crafted_call_id_and_arguments_approve_nothing_and_run_no_script(base_url: str, browser: Any):
+    """The model approves its own payment through the approval page (reproduces on 4a34578):
+    a call id carrying ``" autofocus onfocus="…`` broke out of the page's HTML attribute and
+    clicked Approve on every pending call as soon as a person opened the page."""
+    import urllib.request
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    until = WebDriverWait(browser, TIMEOUT_S, poll_frequency=0.1).until
+
+    def api(path: str) -> Any:
+        with urllib.request.urlopen(f"{base_url}{path}", timeout=TIMEOUT_S) as r:
+            return json.load(r)
+
+    # Given a person who starts a run of a model whose two refunds wait, one of them crafted
+    browser.get(f"{base_url}/aaa/")
+    browser.find_element(By.NAME, "task").send_keys("refund order A-100")
+    browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    until(ec.url_contains("/aaa/runs/run"))
+    run_id = browser.current_url.rstrip("/").rsplit("/", 1)[1]
+
+    # When the person looks at the run's page, then at the runs page, for several polls each
+    for path in (f"/aaa/runs/{run_id}", "/aaa/"):
+        if path != f"/aaa/runs/{run_id}":
+            browser.get(f"{base_url}{path}")
+        until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".approval")) == 2)
+        time.sleep(1.5)  # every redraw had its chance to run something
+        # Then no script of the model's ran, and its strings are shown as text
+        assert browser.execute_script("return window.__pwned === undefined"), path
+        assert "</script><script>window.__pwned=2</script>" in browser.find_element(By.TAG_NAME, "body").text, path
+
+    # and nothing was approved: both calls still wait, no grant was recorded
+    run = api(f"/aaa/runs/{run_id}/events")
+    assert len(run["pending"]) == 2
+    assert [e for e in run["events"] if e["type"] == "aaa.approval.granted"] == []

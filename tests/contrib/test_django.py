@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,8 @@ def test_the_shop_view_starts_a_run_and_approving_it_completes_the_run(client: A
     [pending] = wait(lambda: client.get("/aaa/approvals").json()["approvals"])
     assert (pending["tool"], pending["arguments"], pending["run_id"]) == (
         "cancel_order", {"order_id": "A-100"}, run_id)
-    assert "Approve" in client.get(f"/aaa/runs/{run_id}").content.decode()
+    page = client.get(f"/aaa/runs/{run_id}")
+    assert 'data-page="run"' in page.content.decode() and "script-src 'self'" in page["Content-Security-Policy"]
     # and a person approves it through the shop's view
     r = client.post(f"/refunds/{run_id}/approve/{pending['call_id']}", {"digest": pending["digest"]})
     assert r.status_code == 200, r.content
@@ -90,3 +92,115 @@ def test_the_project_celery_app_reads_celery_settings_and_binds_the_tools(client
     assert app.conf.aaa_store_url == app.conf.broker_url
     assert "aaa.tool.cancel_order" in app.tasks
     assert app.amqp.router.route({}, "aaa.tool.cancel_order")["queue"].name == "aaa.default"
+
+
+# -- CSRF, the authorize hook, the digest ---------------------------------------------------------
+
+@contextmanager
+def aaa_settings(**changes: Any) -> Iterator[None]:
+    """``settings.AAA_CELERY`` with ``changes`` (None removes a key), on a fresh engine."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    from aaa_celery.contrib.django import close_runs
+
+    values = {**settings.AAA_CELERY, **changes}
+    close_runs()
+    try:
+        with override_settings(AAA_CELERY={k: v for k, v in values.items() if v is not None}):
+            yield
+    finally:
+        close_runs()
+
+
+def token_of(client: Any) -> str:
+    """The documented way: GET /aaa/csrf gives the token and sets the CSRF cookie."""
+    r = client.get("/aaa/csrf")
+    assert r.status_code == 200 and "csrftoken" in r.cookies
+    return str(r.json()["csrf_token"])
+
+
+def test_the_documented_curl_works_and_a_post_without_the_csrf_token_is_refused(client: Any):
+    """Reproduces on 4a34578: the README's ``curl -X POST /refunds/A-100`` got 403 from CSRF, with no
+    documented way to get a token."""
+    from django.test import Client
+
+    browser = Client(enforce_csrf_checks=True)
+    # the README's steps: a token, then the POST with the token and the cookie
+    token = token_of(browser)
+    r = browser.post("/refunds/A-100", {"customer": "acme"}, HTTP_X_CSRFTOKEN=token)
+    assert r.status_code == 201, r.content
+    run_id = r.json()["run_id"]
+    [pending] = wait(lambda: [p for p in browser.get("/aaa/approvals").json()["approvals"] if p["run_id"] == run_id])
+    # a cross-site form post carries the cookie but not the token: refused, on both routes
+    decision = {"decision": "approve", "digest": pending["digest"]}
+    url = f"/aaa/runs/{run_id}/approvals/{pending['call_id']}"
+    assert browser.post(url, decision).status_code == 403
+    assert browser.post(url, {**decision, "csrfmiddlewaretoken": "forged" * 8}).status_code == 403
+    assert browser.post(f"/refunds/{run_id}/approve/{pending['call_id']}", {"digest": pending["digest"]}
+                        ).status_code == 403
+    assert browser.post("/aaa/runs", {"task": "cancel order C-1"}).status_code == 403
+    assert browser.get(f"/aaa/runs/{run_id}/events").json()["pending"] == [pending]
+    # the page's way: JSON with the X-CSRFToken header
+    r = browser.post(url, decision, content_type="application/json", HTTP_X_CSRFTOKEN=token)
+    assert r.status_code == 200, r.content
+    run = wait(lambda: (x := browser.get(f"/aaa/runs/{run_id}/events").json())["result"] and x)
+    assert run["result"]["value"]["text"] == "A-100 is not shipped yet; cancelled A-100 for acme"
+
+
+def test_the_digest_is_mandatory_on_the_route_and_in_the_shops_view(client: Any):
+    run_id = client.post("/refunds/A-300", {"customer": "acme"}).json()["run_id"]
+    [pending] = wait(lambda: client.get(f"/aaa/runs/{run_id}/events").json()["pending"])
+    url = f"/aaa/runs/{run_id}/approvals/{pending['call_id']}"
+    for decision in ("approve", "deny"):
+        r = client.post(url, {"decision": decision}, content_type="application/json")
+        assert r.status_code == 409 and "digest" in r.json()["error"]
+    assert client.post(f"/refunds/{run_id}/approve/{pending['call_id']}", {}).status_code == 409
+    assert client.get(f"/aaa/runs/{run_id}/events").json()["pending"] == [pending]
+    assert client.post(url, {"decision": "deny", "digest": pending["digest"]},
+                       content_type="application/json").status_code == 200
+
+
+def test_the_authorize_hook_sees_the_run_and_the_call(client: Any):
+    def authorize(request: Any, run: Any, call: Any) -> bool:
+        if run is not None and run.tenant != request.headers.get("X-Tenant"):
+            return False
+        return call is None or request.headers.get("X-Staff") == "yes"
+
+    with aaa_settings(AUTHORIZE=authorize):
+        acme = {"HTTP_X_TENANT": "acme"}
+        run_id = client.post("/refunds/A-100", {"customer": "acme"}).json()["run_id"]
+        [pending] = wait(lambda: client.get("/aaa/approvals", **acme).json()["approvals"])
+        url = f"/aaa/runs/{run_id}/approvals/{pending['call_id']}"
+        decision = {"decision": "approve", "digest": pending["digest"]}
+        umbrella = {"HTTP_X_TENANT": "umbrella", "HTTP_X_STAFF": "yes"}
+        assert client.get("/aaa/approvals", **umbrella).json()["approvals"] == []
+        assert client.get(f"/aaa/runs/{run_id}", **umbrella).status_code == 403
+        assert client.get(f"/aaa/runs/{run_id}/events", **umbrella).status_code == 403
+        assert client.post(url, decision, content_type="application/json", **umbrella).status_code == 403
+        assert client.post(url, decision, content_type="application/json", **acme).status_code == 403
+        assert client.get(f"/aaa/runs/{run_id}/events", **acme).json()["pending"] == [pending]
+        r = client.post(url, decision, content_type="application/json", **acme, HTTP_X_STAFF="yes")
+        assert r.status_code == 200, r.content
+
+
+def test_without_an_authorize_hook_the_routes_refuse_to_load_unless_anonymous_is_opted_in(
+        client: Any, caplog: pytest.LogCaptureFixture):
+    """Reproduces on 4a34578: with no hook, anyone who reached /aaa/ could approve, and nothing warned."""
+    import importlib
+
+    from django.core.exceptions import ImproperlyConfigured
+
+    from aaa_celery.contrib.django import urls
+
+    try:
+        with aaa_settings(AUTHORIZE=None), pytest.raises(ImproperlyConfigured, match="AUTHORIZE.*ALLOW_ANONYMOUS"):
+            importlib.reload(urls)
+        with aaa_settings(AUTHORIZE=lambda request, action: True), \
+                pytest.raises(ImproperlyConfigured, match=r"\(request, run, call\)"):
+            importlib.reload(urls)
+        with aaa_settings(AUTHORIZE=None, ALLOW_ANONYMOUS=True), caplog.at_level("WARNING", "aaa_celery.contrib"):
+            importlib.reload(urls)
+            assert "ALLOW_ANONYMOUS" in caplog.text
+    finally:
+        importlib.reload(urls)

@@ -1,9 +1,13 @@
-"""The Flask integration through Flask's test client, on the example app (embedded engine)."""
+"""The Flask integration through Flask's test client, on the example app (embedded engine).
+
+Every POST carries the session's CSRF token (``GET /aaa/csrf``), as the pages do.
+"""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,19 +20,33 @@ flask = pytest.importorskip("flask")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flask_app"
 
 
-@pytest.fixture
-def client() -> Iterator[Any]:
+@contextmanager
+def example(**config: Any) -> Iterator[Any]:
+    """The example app (embedded engine) with ``config`` on top; its engine stops at the end."""
     sys.path.insert(0, str(EXAMPLE))
     try:
         from app import aaa, create_app  # the example app
 
-        app = create_app(TESTING=True, AAA_CELERY_APP=None)
+        app = create_app(TESTING=True, **{"AAA_CELERY_APP": None, **config})
         try:
-            yield app.test_client()
+            yield app
         finally:
             aaa.close(app)
     finally:
         sys.path.remove(str(EXAMPLE))
+
+
+def with_csrf(client: Any) -> Any:
+    """The client, sending this session's CSRF token with every POST (as the pages' script does)."""
+    token = client.get("/aaa/csrf").get_json()["csrf_token"]
+    client.environ_base["HTTP_X_CSRFTOKEN"] = token
+    return client
+
+
+@pytest.fixture
+def client() -> Iterator[Any]:
+    with example() as app:
+        yield with_csrf(app.test_client())
 
 
 
@@ -44,7 +62,7 @@ def test_start_a_run_approve_through_the_endpoint_and_see_the_result(client: Any
         "refund", {"order_id": "A-100", "amount": 30}, run_id)
     assert client.get(f"/aaa/runs/{run_id}/events").get_json()["status"] == "waiting"
     page = client.get(f"/aaa/runs/{run_id}").get_data(as_text=True)
-    assert "Approve" in page and "Deny" in page and run_id in page
+    assert 'data-page="run"' in page and f'content="{run_id}"' in page  # aaa.js draws Approve/Deny
     # nothing of the refund was sent: its call has no attempt yet
     calls = {c["name"]: c for c in client.get(f"/aaa/runs/{run_id}/attempts").get_json()["calls"]}
     assert calls["refund"]["trail"] == [] and [e["type"] for e in calls["lookup_order"]["trail"]] == [
@@ -79,8 +97,8 @@ def test_deny_through_a_form_post_and_the_html_pages(client: Any):
     run_id = r.headers["Location"].rstrip("/").rsplit("/", 1)[1]
     assert "Start a run" in client.get("/aaa/").get_data(as_text=True)
     [pending] = wait(lambda: client.get(f"/aaa/runs/{run_id}/events").get_json()["pending"])
-    r = client.post(f"/aaa/runs/{run_id}/approvals/{pending['call_id']}", data={"decision": "deny", "reason": "no",
-                                                                           "digest": pending["digest"]})
+    r = client.post(f"/aaa/runs/{run_id}/approvals/{pending['call_id']}",
+                    data={"decision": "deny", "reason": "no", "digest": pending["digest"]})
     assert r.status_code == 303
     run = wait(lambda: (x := client.get(f"/aaa/runs/{run_id}/events").get_json())["result"] and x)
     assert run["result"]["value"]["text"] == "ApprovalDenied: denied by a person: no"
@@ -111,7 +129,7 @@ def test_the_example_against_a_redis_fleet_when_configured(redis_server: Any, tm
         from app import aaa, create_app
 
         app = create_app(TESTING=True)  # AAA_CELERY_APP = "worker:app", from the env var
-        client = app.test_client()
+        client = with_csrf(app.test_client())
         try:
             with app.app_context():
                 assert not aaa.runs.engine.engine.embedded
@@ -134,24 +152,109 @@ def test_the_example_against_a_redis_fleet_when_configured(redis_server: Any, tm
         worker.stop()
 
 
-def test_the_authorize_hook_guards_each_action():
-    sys.path.insert(0, str(EXAMPLE))
-    try:
-        from app import aaa, create_app
+def test_the_authorize_hook_sees_the_run_and_the_call_and_guards_each_route():
+    def authorize(request: Any, run: Any, call: Any) -> bool:
+        tenant = request.headers.get("X-Tenant")
+        if run is not None and run.tenant != tenant:
+            return False  # another tenant's run: not even seen
+        return call is None or request.headers.get("X-Staff") == "yes"  # deciding: staff only
 
-        app = create_app(TESTING=True, AAA_CELERY_APP=None,
-                         AAA_CELERY_AUTHORIZE=lambda request, action: action != "decide" or
-                         request.headers.get("X-Staff") == "yes")
-        client = app.test_client()
-        try:
-            run_id = client.post("/aaa/runs", json={"task": "refund order A-100"}).get_json()["run_id"]
-            [pending] = wait(lambda: client.get("/aaa/approvals").get_json()["approvals"])
-            url = f"/aaa/runs/{run_id}/approvals/{pending['call_id']}"
-            decision = {"decision": "approve", "digest": pending["digest"]}
-            assert client.post(url, json=decision).status_code == 403
-            assert client.get("/aaa/approvals").get_json()["approvals"] == [pending]  # still waiting
-            assert client.post(url, json=decision, headers={"X-Staff": "yes"}).status_code == 200
-        finally:
-            aaa.close(app)
-    finally:
-        sys.path.remove(str(EXAMPLE))
+    with example(AAA_CELERY_AUTHORIZE=authorize) as app:
+        client = with_csrf(app.test_client())
+        acme = {"X-Tenant": "acme"}
+        run_id = client.post("/aaa/runs", json={"task": "refund order A-100", "tenant": "acme"},
+                             headers=acme).get_json()["run_id"]
+        [pending] = wait(lambda: client.get("/aaa/approvals", headers=acme).get_json()["approvals"])
+        assert pending["tenant"] == "acme"
+        url = f"/aaa/runs/{run_id}/approvals/{pending['call_id']}"
+        decision = {"decision": "approve", "digest": pending["digest"]}
+        # another tenant sees nothing of acme's run, and cannot decide its call, staff or not
+        umbrella = {"X-Tenant": "umbrella", "X-Staff": "yes"}
+        assert client.get("/aaa/approvals", headers=umbrella).get_json()["approvals"] == []
+        assert client.get("/aaa/runs", headers=umbrella).get_json()["runs"] == []
+        for path in (f"/aaa/runs/{run_id}", f"/aaa/runs/{run_id}/events", f"/aaa/runs/{run_id}/attempts"):
+            assert client.get(path, headers=umbrella).status_code == 403, path
+        assert client.post(url, json=decision, headers=umbrella).status_code == 403
+        # acme, not staff: sees the call, cannot decide it
+        r = client.post(url, json=decision, headers=acme)
+        assert r.status_code == 403 and "AUTHORIZE" in r.get_json()["error"]
+        assert client.get("/aaa/approvals", headers=acme).get_json()["approvals"] == [pending]  # still waiting
+        # acme's staff decides
+        assert client.post(url, json=decision, headers={**acme, "X-Staff": "yes"}).status_code == 200
+        run = wait(lambda: (x := client.get(f"/aaa/runs/{run_id}/events", headers=acme).get_json())["result"] and x)
+        assert run["result"]["value"]["text"].startswith("refunded 30 EUR")
+
+
+def test_without_an_authorize_hook_the_routes_refuse_to_serve_unless_anonymous_is_opted_in(
+        caplog: pytest.LogCaptureFixture):
+    """Reproduces on 4a34578: with no hook, anyone who reached /aaa/ could approve, and nothing warned."""
+    from aaa_celery.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="AUTHORIZE.*ALLOW_ANONYMOUS"), example(AAA_CELERY_AUTHORIZE=None):
+        pass
+    # the hook of older releases, (request, action), is refused by name
+    with pytest.raises(ConfigError, match=r"\(request, run, call\)"), \
+            example(AAA_CELERY_AUTHORIZE=lambda request, action: True):
+        pass
+    with pytest.raises(ConfigError, match="SECRET_KEY"), example(SECRET_KEY=None):
+        pass
+    # development: an explicit opt-in serves everyone, with a warning in the log
+    with caplog.at_level("WARNING", logger="aaa_celery.contrib"), \
+            example(AAA_CELERY_AUTHORIZE=None, AAA_CELERY_ALLOW_ANONYMOUS=True) as app:
+        assert app.test_client().get("/aaa/approvals").status_code == 200
+    assert "ALLOW_ANONYMOUS" in caplog.text and "anyone" in caplog.text
+
+
+def test_approve_and_deny_refuse_a_post_without_this_sessions_csrf_token(client: Any):
+    """Reproduces on 4a34578: a cross-site form POST (no token) approved the call."""
+    run_id = client.post("/aaa/runs", json={"task": "refund order A-100"}).get_json()["run_id"]
+    [pending] = wait(lambda: client.get("/aaa/approvals").get_json()["approvals"])
+    url = f"/aaa/runs/{run_id}/approvals/{pending['call_id']}"
+    form = {"decision": "approve", "digest": pending["digest"]}
+    # a form on another site posts with the person's cookie but cannot read the token
+    del client.environ_base["HTTP_X_CSRFTOKEN"]
+    for attempt in ({}, {"csrf_token": "forged"}, {"csrf_token": ""}):
+        r = client.post(url, data={**form, **attempt}, headers={"Origin": "https://evil.example"})
+        assert r.status_code == 403 and "CSRF" in r.get_json()["error"], attempt
+    assert client.post("/aaa/runs", data={"task": "refund order A-200"}).status_code == 403
+    # another session's token is not this session's
+    other = with_csrf(client.application.test_client())
+    r = client.post(url, json=form, headers={"X-CSRFToken": other.environ_base["HTTP_X_CSRFTOKEN"]})
+    assert r.status_code == 403
+    assert client.get("/aaa/approvals").get_json()["approvals"] == [pending]  # still waiting
+    # the page's own form field works
+    token = client.get("/aaa/csrf").get_json()["csrf_token"]
+    assert client.post(url, data={**form, "csrf_token": token}).status_code == 303
+
+
+def test_the_digest_is_mandatory_on_the_route(client: Any):
+    run_id = client.post("/aaa/runs", json={"task": "refund order A-100"}).get_json()["run_id"]
+    [pending] = wait(lambda: client.get("/aaa/approvals").get_json()["approvals"])
+    url = f"/aaa/runs/{run_id}/approvals/{pending['call_id']}"
+    for decision in ("approve", "deny"):
+        r = client.post(url, json={"decision": decision})
+        assert r.status_code == 409 and "digest" in r.get_json()["error"]
+    assert client.get("/aaa/approvals").get_json()["approvals"] == [pending]
+
+
+def test_the_pages_have_no_inline_script_and_a_policy_that_forbids_it(client: Any):
+    import re
+
+    run_id = client.post("/aaa/runs", json={"task": "refund order A-100"}).get_json()["run_id"]
+    for path in ("/aaa/", f"/aaa/runs/{run_id}", "/aaa/approvals", "/aaa/static/aaa.js"):
+        r = client.get(path)
+        assert r.status_code == 200, path
+        policy = r.headers["Content-Security-Policy"]
+        assert "script-src 'self'" in policy and "unsafe-inline" not in policy, path
+        assert r.headers["X-Content-Type-Options"] == "nosniff"
+    for path in ("/aaa/", f"/aaa/runs/{run_id}"):
+        html = client.get(path).get_data(as_text=True)
+        scripts = re.findall(r"<script\b[^>]*>(.*?)</script>", html, re.DOTALL | re.IGNORECASE)
+        assert scripts and all(body.strip() == "" for body in scripts), path  # src only
+        assert not re.search(r"\son\w+\s*=", html, re.IGNORECASE), path  # no inline handlers
+    js = client.get("/aaa/static/aaa.js")
+    assert js.content_type.startswith("text/javascript")
+    source = js.get_data(as_text=True)
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "onclick"):
+        assert sink not in source.replace("no innerHTML", ""), sink
+    assert client.get("/aaa/static/other.js").status_code == 404

@@ -18,7 +18,13 @@ from aaa_celery.algos import ToolLoop
 from aaa_celery.errors import ConfigError
 from aaa_celery.llm import FakeLLMClient, LLMHandler, LLMRequest, LLMResponse, ToolCall
 from aaa_celery.llm.fake import text
-from aaa_celery.runtime import APPROVAL_DENIED, APPROVAL_GRANTED, Engine, PendingApproval, RunHandle
+from aaa_celery.runtime import (
+    APPROVAL_DENIED,
+    APPROVAL_GRANTED,
+    Engine,
+    PendingApproval,
+    RunHandle,
+)
 from aaa_celery.tools import ToolHandler, ToolRegistry, tool
 
 from .conftest import call_then_echo, until
@@ -69,7 +75,7 @@ def test_a_decision_without_the_digest_is_refused_on_approve_and_deny():
         assert handle.pending_approvals() == [pending] and ran == []  # still waiting, nothing sent
         handle.signal(APPROVAL_GRANTED, {"call_id": pending.call_id, "digest": pending.digest})
 
-    handle, outcome = asyncio.run(drive(call_then_echo(("pay", {"to": "ACME", "amount": 5})), decide))
+    _, outcome = asyncio.run(drive(call_then_echo(("pay", {"to": "ACME", "amount": 5})), decide))
     assert outcome.value["text"] == "paid 5 to ACME" and ran == [{"to": "ACME", "amount": 5}]
 
 

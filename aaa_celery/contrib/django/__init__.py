@@ -7,13 +7,20 @@ In ``settings.py``::
         "TOOLS": "shop.tools:handler",      # a ToolHandler (or a list of them)
         "LLM": "shop.tools:model",          # a model client, or an LLMHandler
         "APP": "proj.celery:app",           # the fleet's Celery app; None: the embedded engine
+        "AUTHORIZE": "shop.auth:authorize", # authorize(request, run, call) -> bool (required)
         # "ALGORITHM": ...,                 # default: ToolLoop over every tool
-        # "AUTHORIZE": "shop.auth:can",     # can(request, action) -> bool; protect "decide"
+        # "APPROVAL_TTL_S": 86400,          # a call waits this long for a person, then fails
+        # "ALLOW_ANONYMOUS": True,          # development only, instead of AUTHORIZE (logs a warning)
     }
 
 In ``urls.py``: ``path("aaa/", include("aaa_celery.contrib.django.urls"))`` serves
 the pages and JSON endpoints (start a run, its live events, pending approvals
-with Approve/Deny, each call's attempts). In your own views, ``get_runs()`` is
+with Approve/Deny, each call's attempts). ``authorize(request, run, call)`` is
+asked on every route: ``run`` is None to list or start runs, ``call`` is the
+pending call being approved or denied (else None). Without it (and without
+``ALLOW_ANONYMOUS``) including the URLs raises ``ImproperlyConfigured``. POSTs
+are under Django's CSRF protection: the pages send the token; an API client
+gets it from ``GET aaa/csrf``. In your own views, ``get_runs()`` is
 the process's :class:`~aaa_celery.contrib._web.AgentRuns`::
 
     from aaa_celery.contrib.django import get_runs

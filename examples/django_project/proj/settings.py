@@ -39,4 +39,6 @@ AAA_CELERY = {
     "TOOLS": "shop.tools:handler",
     "LLM": "shop.tools:model",
     "APP": "proj.celery:app" if REDIS_URL else None,
+    # who may see runs and approve or deny calls: authorize(request, run, call) -> bool
+    "AUTHORIZE": "shop.auth:authorize",
 }
