@@ -1,0 +1,205 @@
+"""Malformed messages for guarded tasks never reach Celery's request handling.
+
+Celery builds a request from a task message in the worker's *main* process, and some
+malformed messages raise there (a body that is a JSON object instead of
+``[args, kwargs, embed]``, a missing ``id`` header, a ``timelimit`` that is not a pair):
+the exception stops the consumer, the message goes back to the queue, and it stops every
+restarted worker too. :class:`MessageCheck`, a consumer bootstep, wraps the strategy
+(Celery's per-task message handler) of every guarded task with :func:`check_message`.
+A message that fails the check is:
+
+* recorded as the call's failed outcome (``ToolArgsError``, no attempt taken) in the
+  store and in the result backend, when its ``id`` header can be read;
+* rejected without requeue (as Celery's ``InvalidTaskError``, which the consumer logs
+  and rejects; the ``task_rejected`` signal fires).
+
+The worker keeps serving. The check is cheap: the body's size, its decoded shape (kombu
+caches the decoded body, which Celery would decode here anyway) and the types of the
+headers Celery reads in the main process. What the arguments mean is for the task (a
+tool validates them against its schema, in the pool).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import bootsteps
+from celery.exceptions import InvalidTaskError
+
+from ..config import GuardConfig
+from ..errors import ToolArgsError
+from ..lifecycle import Accepted, Lease, Outcome
+from ..protocol import HEADERS
+from .stores import app_store
+
+log = logging.getLogger("aaa_celery.worker")
+
+#: Largest body of a guarded task's message, in bytes (setting ``aaa_max_message_bytes``).
+DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
+#: Longest call id and ``aaa_*`` header value, in characters.
+MAX_ID_CHARS = 255
+#: Headers Celery reads in the main process, and the types each may have (None: absent).
+_TEXT_HEADERS = ("root_id", "parent_id", "group", "shadow", "argsrepr", "kwargsrepr", "eta", "expires", "lang")
+#: A settling "attempt" (as for a revoked call): no lease holds the call, nothing is fenced.
+_SETTLE = GuardConfig(fence_results=False)
+_CHECKED = "_aaa_checked"
+
+
+class Malformed(Exception):  # noqa: N818 - a reason, raised and caught here only
+    """Why a message was refused; ``call_id`` is its id when one can be read."""
+
+    def __init__(self, reason: str, call_id: str | None) -> None:
+        super().__init__(reason)
+        self.reason, self.call_id = reason, call_id
+
+
+def clean_text(value: Any, limit: int = MAX_ID_CHARS) -> bool:
+    """Whether ``value`` is a non-empty string of at most ``limit`` characters without
+    control characters or lone surrogates (what an id or an ``aaa_*`` header may be)."""
+    if not isinstance(value, str) or not 0 < len(value) <= limit:
+        return False
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 or c in "\u2028\u2029" for c in value):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_headers(headers: Any) -> str:
+    """The call id of a protocol 2 message whose headers Celery can read; raises
+    :class:`Malformed` otherwise."""
+    if not isinstance(headers, dict):
+        raise Malformed(f"the headers are a {type(headers).__name__}, not a mapping", None)
+    call_id = headers.get("id")
+    if not clean_text(call_id):
+        raise Malformed("the 'id' header is missing or not a printable string of at most "
+                        f"{MAX_ID_CHARS} characters", None)
+    for name in HEADERS:
+        value = headers.get(name)
+        if value is not None and not clean_text(value):
+            raise Malformed(f"the {name!r} header must be a printable string of at most {MAX_ID_CHARS} "
+                            "characters", call_id)
+    for name in _TEXT_HEADERS:
+        if headers.get(name) is not None and not isinstance(headers[name], str):
+            raise Malformed(f"the {name!r} header must be a string", call_id)
+    retries = headers.get("retries")
+    if retries is not None and (not isinstance(retries, int) or isinstance(retries, bool) or retries < 0):
+        raise Malformed("the 'retries' header must be a non-negative integer", call_id)
+    limits = headers.get("timelimit")
+    if limits is not None and not (
+        isinstance(limits, list | tuple) and len(limits) == 2
+        and all(v is None or (_number(v) and v >= 0) for v in limits)
+    ):
+        raise Malformed("the 'timelimit' header must be [hard, soft] seconds (numbers or null)", call_id)
+    return call_id
+
+
+def check_message(message: Any, body: Any, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    """Raise :class:`Malformed` unless ``message`` is a protocol 2 task message whose headers
+    and body Celery can turn into a request: the body (at most ``max_bytes``) decodes to
+    ``[args (list), kwargs (object with string keys), embed (object or null)]``."""
+    headers = message.headers
+    if body is not None or not isinstance(headers, dict) or "task" not in headers:
+        call_id = body.get("id") if isinstance(body, dict) else None
+        raise Malformed("a guarded task takes protocol 2 messages only: the 'task' and 'id' headers and a "
+                        "[args, kwargs, embed] body", call_id if clean_text(call_id) else None)
+    call_id = check_headers(headers)
+    size = len(message.body or b"")
+    if size > max_bytes:
+        raise Malformed(f"the body has {size} bytes, more than aaa_max_message_bytes={max_bytes}", call_id)
+    try:
+        payload = message.payload
+    except Exception as e:  # noqa: BLE001 - any decoder's error means the same: unreadable
+        raise Malformed(f"the body cannot be decoded as {message.content_type!r}: {type(e).__name__}: "
+                        f"{str(e)[:200]}", call_id) from None
+    if not (isinstance(payload, list | tuple) and len(payload) == 3):
+        kind = "an object" if isinstance(payload, dict) else type(payload).__name__
+        raise Malformed(f"the body is {kind}, not [args, kwargs, embed]", call_id)
+    args, kwargs, embed = payload
+    if not isinstance(args, list | tuple):
+        raise Malformed(f"args is {type(args).__name__}, not a list", call_id)
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise Malformed("kwargs is not an object with string keys", call_id)
+    if embed is not None and not isinstance(embed, dict):
+        raise Malformed(f"embed is {type(embed).__name__}, not an object", call_id)
+
+
+def record_failure(app: Any, task: Any, call_id: str, error: BaseException) -> bool:
+    """Record ``error`` as the call's one outcome without taking an attempt, in the store
+    and in the result backend; False if the call already had an outcome (it keeps it)
+    or the store could not be reached (logged: nothing here may stop the worker)."""
+    outcome = Outcome.failure(type(error).__name__, str(error))
+    try:
+        recorded = app_store(app).finish(Lease(call_id, 0, "refused", "", 0.0), outcome, _SETTLE)
+    except Exception as e:  # noqa: BLE001
+        log.warning("aaa: could not record the refused call %s: %r", call_id, e)
+        return False
+    if not isinstance(recorded, Accepted):
+        return False
+    try:
+        task.backend.mark_as_failure(call_id, error)
+    except Exception as e:  # noqa: BLE001
+        log.warning("aaa: could not store the result of the refused call %s: %r", call_id, e)
+    return True
+
+
+def _refuse(task: Any, problem: Malformed) -> InvalidTaskError:
+    reason = f"{task.name}: malformed message: {problem.reason}"
+    if problem.call_id is not None:
+        record_failure(task.app, task, problem.call_id, ToolArgsError(reason))
+    return InvalidTaskError(reason)
+
+
+def checked(strategy: Any, task: Any, max_bytes: int) -> Any:
+    """``strategy`` (a task's message handler) behind :func:`check_message`. A message that
+    still makes the strategy raise while Celery builds the request is refused alike."""
+
+    def handle(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kwargs: Any) -> Any:
+        try:
+            check_message(message, body, max_bytes)
+        except Malformed as problem:
+            raise _refuse(task, problem) from None
+        try:
+            return strategy(message, body, ack, reject, callbacks, **kwargs)
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as e:
+            log.error("aaa: a %s message made Celery's request handling raise %r; refusing it", task.name, e,
+                      exc_info=True)
+            raise _refuse(task, Malformed(f"{type(e).__name__}: {e}", message.headers.get("id"))) from None
+
+    setattr(handle, _CHECKED, True)
+    return handle
+
+
+def is_guarded(task: Any) -> bool:
+    return isinstance(getattr(task, "guard_config", None), GuardConfig)
+
+
+def guard_strategies(consumer: Any) -> int:
+    """Wrap the strategy of every guarded task of ``consumer`` (once); how many were wrapped."""
+    app = consumer.app
+    max_bytes = int(app.conf.get("aaa_max_message_bytes") or DEFAULT_MAX_MESSAGE_BYTES)
+    wrapped = 0
+    for name, strategy in list(consumer.strategies.items()):
+        task = app.tasks.get(name)
+        if getattr(strategy, _CHECKED, False) or task is None or not is_guarded(task):
+            continue
+        consumer.strategies[name] = checked(strategy, task, max_bytes)
+        wrapped += 1
+    return wrapped
+
+
+class MessageCheck(bootsteps.StartStopStep):  # type: ignore[misc]
+    """A consumer bootstep: after Celery (re)builds the task strategies, check every
+    guarded task's messages before Celery handles them (see the module's docstring)."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, consumer: Any) -> None:
+        guard_strategies(consumer)
