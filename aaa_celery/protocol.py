@@ -91,12 +91,12 @@ def check_id(value: Any, what: str, max_bytes: int) -> str:
     for position, char in enumerate(value):
         if unicodedata.category(char) in _REFUSED_CATEGORIES:
             raise InvalidId(
-                f"{what} must not contain control or format characters: {ascii(char)} at position {position} "
-                f"of {ascii(value[:64])}", field=what,
+                f"{what} must not contain control or format characters: {char!a} at position {position} "
+                f"of {value[:64]!a}", field=what,
             )
     size = len(value.encode("utf-8"))
     if size > max_bytes:
-        raise InvalidId(f"{what} is {size} bytes long, more than the {max_bytes} allowed: {ascii(value[:64])}…",
+        raise InvalidId(f"{what} is {size} bytes long, more than the {max_bytes} allowed: {value[:64]!a}…",
                         field=what)
     return value
 
@@ -181,7 +181,7 @@ def call_id(tenant: str | None, run_id: str, local: str | None = None) -> str:
     local = uuid.uuid4().hex if local is None else local
     if not re.fullmatch(rf"[A-Za-z0-9._-]{{1,{MAX_LOCAL_CHARS}}}", local):
         raise InvalidId(f"a call's local id must be 1 to {MAX_LOCAL_CHARS} characters of [A-Za-z0-9._-], "
-                        f"not {ascii(local[:80])}", field="local")
+                        f"not {local[:80]!a}", field="local")
     return f"{_NO_TENANT if tenant is None else _escape(tenant)}:{_escape(run_id)}:{local}"
 
 
@@ -238,22 +238,32 @@ def check_call(call_id: Any, tenant: Any = None, run_id: Any = None) -> CallIden
     Returns:
         the parsed id, or None for a plain task id.
     Raises:
-        InvalidId: an unusable call id, tenant or run header.
-        ForeignCall: a header that disagrees with the call id.
+        InvalidId: an unusable call id.
+        ForeignCall: a tenant or run header that disagrees with the call id, or is unusable
+            (a header never makes the worker write a failure under an id that may be another's).
     """
     check_call_id(call_id)
     identity = parse_call_id(call_id)
+    shown = ascii(call_id[:200])
     if tenant is not None:
-        check_tenant(tenant)
+        if not isinstance(tenant, str) or not _usable(tenant, MAX_TENANT_BYTES):
+            raise ForeignCall(f"call {shown} came with an unusable tenant header", call_id=call_id)
         if identity is None or identity.tenant != tenant:
             raise ForeignCall(
-                f"call {ascii(call_id[:200])} does not belong to the tenant its message names; a tenant's "
+                f"call {shown} does not belong to the tenant its message names; a tenant's "
                 "call id must be minted for it (aaa_celery.protocol.call_id)", call_id=call_id,
             )
     if run_id is not None:
-        check_run_id(run_id)
+        if not isinstance(run_id, str) or not _usable(run_id, MAX_RUN_ID_BYTES):
+            raise ForeignCall(f"call {shown} came with an unusable run header", call_id=call_id)
         if identity is not None and identity.run_id != run_id:
-            raise ForeignCall(f"call {ascii(call_id[:200])} does not belong to the run its message names",
-                              call_id=call_id)
+            raise ForeignCall(f"call {shown} does not belong to the run its message names", call_id=call_id)
     return identity
 
+
+def _usable(value: str, max_bytes: int) -> bool:
+    try:
+        check_id(value, "header", max_bytes)
+    except InvalidId:
+        return False
+    return True

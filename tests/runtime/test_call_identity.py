@@ -289,6 +289,9 @@ def test_a_message_whose_tenant_header_names_another_tenant_is_dropped_without_t
             # or a plain send with a tenant header on an id that holds no tenant, or another run's
             unscoped = task.apply_async(kwargs={"arguments": {}}, task_id="plain-1", headers={TENANT_HEADER: "acme"})
             other_run = task.apply_async(kwargs={"arguments": {}}, task_id=acme_call, headers={RUN_HEADER: "r-2"})
+            # or unusable headers on acme's call id (no FAILURE may land under acme's id)
+            bad_headers = [task.apply_async(kwargs={"arguments": {}}, task_id=acme_call, headers=h)
+                           for h in ({TENANT_HEADER: ""}, {TENANT_HEADER: "acme\n"}, {RUN_HEADER: 7})]
             # and a good one: a tenant's call id minted for it
             good_id = call_id("globex", "billing")
             good = task.apply_async(kwargs={"arguments": {}}, task_id=good_id, headers={TENANT_HEADER: "globex"})
@@ -304,6 +307,7 @@ def test_a_message_whose_tenant_header_names_another_tenant_is_dropped_without_t
             assert engine.store.events("plain-1") == [] and engine.store.result("plain-1") is None
             assert unscoped.state == "PENDING"
             assert forged.state == other_run.state == "SUCCESS"  # acme's own result, untouched
+            assert {r.state for r in bad_headers} == {"SUCCESS"}
             assert forged.result == "tenant=acme run=r-forge"
 
     asyncio.run(go())

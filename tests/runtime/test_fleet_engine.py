@@ -228,13 +228,13 @@ def test_driving_a_run_again_is_deduplicated_by_the_guard_but_a_reused_model_id_
     handle, outcome = run(fleet, calls(first, second), echo_facts, run_id="run_dedup")
     # Then they are two calls, and both ran
     assert outcome.value["text"] == "charged 5 for D-1 | charged 7 for D-2"
-    mine = lambda: [e["call_id"] for e in fleet.ledger("charge") if ":run_dedup:" in e["call_id"]]  # noqa: E731
+    mine = lambda: [e["call_id"] for e in fleet.ledger("charge") if ":run_dedup:" in e["call_id"]]
     assert len(set(mine())) == 2
     # When the same run is driven again with the same turn (a resume)
     again, outcome2 = run(fleet, calls(first, second), echo_facts, run_id="run_dedup")
     # Then each call is the same call: answered from the store, no body ran again
     assert outcome2.value["text"] == "charged 5 for D-1 | charged 7 for D-2"
-    requested = lambda h: [e["data"]["call_id"] for e in h.events() if e["type"] == "aaa.tool.requested"]  # noqa: E731
+    requested = lambda h: [e["data"]["call_id"] for e in h.events() if e["type"] == "aaa.tool.requested"]
     assert requested(again) == requested(handle) and len(set(requested(handle))) == 2
     assert len(mine()) == 2
 
@@ -275,8 +275,8 @@ def test_two_tenants_with_equal_run_and_model_call_ids_never_share_a_call_on_the
     acme's result (``"tenant": "acme"``) and its own call never ran."""
     who = ToolCall("whoami", {}, id="call_0")
     # Given acme and globex, from two engines (two web processes) on one Redis store and fleet
-    handle_a, outcome_a = run(fleet, calls(who), echo_facts, run_id="r-tenants", tenant="acme")
-    handle_b, outcome_b = run(fleet, calls(who), echo_facts, run_id="r-tenants", tenant="globex")
+    handle_a, _ = run(fleet, calls(who), echo_facts, run_id="r-tenants", tenant="acme")
+    handle_b, _ = run(fleet, calls(who), echo_facts, run_id="r-tenants", tenant="globex")
     # Then each ran its own call, and each one's result is its own
     value_a, value_b = facts(handle_a)["call_0"]["data"]["value"], facts(handle_b)["call_0"]["data"]["value"]
     assert (value_a["tenant"], value_b["tenant"]) == ("acme", "globex")
