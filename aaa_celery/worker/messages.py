@@ -28,17 +28,30 @@ from celery import bootsteps
 from celery.exceptions import InvalidTaskError
 
 from ..config import GuardConfig
-from ..errors import ToolArgsError
+from ..errors import InvalidId, ToolArgsError
 from ..lifecycle import Accepted, Lease, Outcome
-from ..protocol import HEADERS
+from ..protocol import (
+    MAX_CALL_ID_BYTES,
+    RUN_HEADER,
+    TENANT_HEADER,
+    TOOL_CALL_HEADER,
+    check_call_id,
+    check_id,
+    check_run_id,
+    check_tenant,
+)
 from .stores import app_store
 
 log = logging.getLogger("aaa_celery.worker")
 
 #: Largest body of a guarded task's message, in bytes (setting ``aaa_max_message_bytes``).
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
-#: Longest call id and ``aaa_*`` header value, in characters.
-MAX_ID_CHARS = 255
+#: How each ``aaa_*`` header is checked (protocol's id rules: no control characters, a size cap).
+_AAA_HEADERS = {
+    RUN_HEADER: check_run_id,
+    TENANT_HEADER: check_tenant,
+    TOOL_CALL_HEADER: lambda v: check_id(v, "tool call id", MAX_CALL_ID_BYTES),
+}
 #: Headers Celery reads in the main process, and the types each may have (None: absent).
 _TEXT_HEADERS = ("root_id", "parent_id", "group", "shadow", "argsrepr", "kwargsrepr", "eta", "expires", "lang")
 #: A settling "attempt" (as for a revoked call): no lease holds the call, nothing is fenced.
@@ -54,18 +67,11 @@ class Malformed(Exception):  # noqa: N818 - a reason, raised and caught here onl
         self.reason, self.call_id = reason, call_id
 
 
-def clean_text(value: Any, limit: int = MAX_ID_CHARS) -> bool:
-    """Whether ``value`` is a non-empty string of at most ``limit`` characters without
-    control characters or lone surrogates (what an id or an ``aaa_*`` header may be)."""
-    if not isinstance(value, str) or not 0 < len(value) <= limit:
-        return False
-    if any(ord(c) < 32 or 127 <= ord(c) < 160 or c in "\u2028\u2029" for c in value):
-        return False
+def _readable_id(value: Any) -> str | None:
     try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+        return check_call_id(value)
+    except InvalidId:
+        return None
 
 
 def _number(value: Any) -> bool:
@@ -77,15 +83,16 @@ def check_headers(headers: Any) -> str:
     :class:`Malformed` otherwise."""
     if not isinstance(headers, dict):
         raise Malformed(f"the headers are a {type(headers).__name__}, not a mapping", None)
-    call_id = headers.get("id")
-    if not clean_text(call_id):
-        raise Malformed("the 'id' header is missing or not a printable string of at most "
-                        f"{MAX_ID_CHARS} characters", None)
-    for name in HEADERS:
-        value = headers.get(name)
-        if value is not None and not clean_text(value):
-            raise Malformed(f"the {name!r} header must be a printable string of at most {MAX_ID_CHARS} "
-                            "characters", call_id)
+    try:
+        call_id = check_call_id(headers.get("id"))
+    except InvalidId as e:
+        raise Malformed(f"the 'id' header: {e}", None) from None
+    for name, check in _AAA_HEADERS.items():
+        try:
+            if headers.get(name) is not None:
+                check(headers[name])
+        except InvalidId as e:
+            raise Malformed(f"the {name!r} header: {e}", call_id) from None
     for name in _TEXT_HEADERS:
         if headers.get(name) is not None and not isinstance(headers[name], str):
             raise Malformed(f"the {name!r} header must be a string", call_id)
@@ -107,9 +114,8 @@ def check_message(message: Any, body: Any, max_bytes: int = DEFAULT_MAX_MESSAGE_
     ``[args (list), kwargs (object with string keys), embed (object or null)]``."""
     headers = message.headers
     if body is not None or not isinstance(headers, dict) or "task" not in headers:
-        call_id = body.get("id") if isinstance(body, dict) else None
         raise Malformed("a guarded task takes protocol 2 messages only: the 'task' and 'id' headers and a "
-                        "[args, kwargs, embed] body", call_id if clean_text(call_id) else None)
+                        "[args, kwargs, embed] body", _readable_id(body.get("id") if isinstance(body, dict) else None))
     call_id = check_headers(headers)
     size = len(message.body or b"")
     if size > max_bytes:
@@ -171,7 +177,7 @@ def checked(strategy: Any, task: Any, max_bytes: int) -> Any:
         except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as e:
             log.error("aaa: a %s message made Celery's request handling raise %r; refusing it", task.name, e,
                       exc_info=True)
-            raise _refuse(task, Malformed(f"{type(e).__name__}: {e}", message.headers.get("id"))) from None
+            raise _refuse(task, Malformed(f"{type(e).__name__}: {e}", _readable_id(message.headers.get("id")))) from None
 
     setattr(handle, _CHECKED, True)
     return handle

@@ -66,7 +66,7 @@ TABLE = [
     Row("aaa_tenant is an object", [[1], {}, EMBED], REFUSED, headers={"aaa_tenant": {"x": 1}}, says="aaa_tenant"),
     Row("aaa_run_id forges a log line", [[1], {}, EMBED], REFUSED, headers={"aaa_run_id": "r\nINFO forged"},
         says="aaa_run_id"),
-    Row("aaa_tool_call_id is too long", [[1], {}, EMBED], REFUSED, headers={"aaa_tool_call_id": "c" * 300},
+    Row("aaa_tool_call_id is too long", [[1], {}, EMBED], REFUSED, headers={"aaa_tool_call_id": "c" * 2000},
         says="aaa_tool_call_id"),
     Row("id header missing", [[1], {}, EMBED], DROPPED, headers={"id": None}),
     Row("id header is a number", [[1], {}, EMBED], DROPPED, headers={"id": 12345}),
