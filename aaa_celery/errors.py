@@ -80,6 +80,16 @@ class LeaseLost(AAACeleryError):
     """This worker lost the call's lease; another attempt may be running."""
 
 
+class NotResolvable(AAACeleryError):
+    """An operator may settle only a call whose outcome is in doubt (``OutcomeUnknown`` or
+    ``ExecutionAbandoned``); a real result is never overwritten."""
+
+    def __init__(self, message: str = "", *, call_id: str = "", current: object = None) -> None:
+        super().__init__(message or self.__doc__)
+        self.call_id = call_id
+        self.current = current
+
+
 OUTCOME_UNKNOWN_MESSAGE = (
     "The outcome of this action is unknown: the worker running it was lost after the "
     "action started, so it may or may not have taken effect. Do not simply retry it: "

@@ -1,13 +1,32 @@
-"""The ``aaa`` click group and its subcommands."""
+"""The ``aaa`` click group and its subcommands (``celery -A proj aaa --help``)."""
 
 from __future__ import annotations
 
+import getpass
 import json
+import re
+import socket
+import sys
 from typing import Any
 
 import click
 
+from ..errors import AAACeleryError, NotResolvable
+from ..stores import Store
+from ..stores.ops import STATES, call_state, matches, tenant_of
 from ..worker.stores import app_store
+from . import doctor as doctor_checks
+from .timeline import render, table, timeline, when
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def duration(text: str) -> float:
+    """``90s``, ``30m``, ``1h``, ``7d``, ``2w`` (or plain seconds) as seconds."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
+    if not found:
+        raise click.BadParameter(f"{text!r}: use a number and a unit, e.g. 90s, 30m, 1h, 7d")
+    return float(found[1]) * _UNITS[found[2] or "s"]
 
 
 def _app(ctx: click.Context) -> Any:
@@ -18,9 +37,20 @@ def _app(ctx: click.Context) -> Any:
     return app
 
 
+def _store(ctx: click.Context) -> Store:
+    try:
+        return app_store(_app(ctx))
+    except AAACeleryError as e:
+        raise click.ClickException(f"cannot open the app's aaa store: {e}") from e
+
+
+def _dump(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
 @click.group(name="aaa")
 def aaa() -> None:
-    """Inspect and settle guarded tool calls (aaa_celery)."""
+    """Inspect and settle guarded tool calls (aaa_celery), in the app's own store."""
 
 
 @aaa.command()
@@ -28,11 +58,114 @@ def aaa() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.pass_context
 def show(ctx: click.Context, call_id: str, as_json: bool) -> None:
-    """The audit trail of one call."""
-    store = app_store(_app(ctx))
-    trail = [e.__dict__ for e in store.events(call_id)]
+    """One call's timeline: attempts (worker, pid, start, end, fence), lease events, the
+    result, fenced and stale results, and resolutions."""
+    store = _store(ctx)
+    try:
+        events, result = store.events(call_id), store.result(call_id)
+    except AAACeleryError as e:
+        raise click.ClickException(str(e)) from e
+    if not events and result is None:
+        raise click.ClickException(f"no call {call_id!r} in the {store.kind} store")
+    story = timeline(call_id, events, result)
     if as_json:
-        click.echo(json.dumps({"call_id": call_id, "events": trail}, indent=2, default=str))
+        _dump(story)
+    else:
+        click.echo(render(story))
+
+
+@aaa.command(name="calls")
+@click.option("--state", type=click.Choice(STATES), help="Only calls in this state.")
+@click.option("--tool", help="Only calls of this tool (its name, or the task name).")
+@click.option("--tenant", help="Only calls sent for this tenant.")
+@click.option("--since", "since", help="Only calls first seen this long ago or later: 90s, 30m, 1h, 7d.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1), help="At most this many.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_context
+def list_calls(ctx: click.Context, state: str | None, tool: str | None, tenant: str | None, since: str | None,
+               limit: int, as_json: bool) -> None:
+    """List calls, newest first, through the store's index of calls by time."""
+    store = _store(ctx)
+    start = None if since is None else store.now() - duration(since)
+    found = []
+    try:
+        for record in store.calls(since=start):
+            if matches(record, state, tool, tenant):
+                found.append(record)
+                if len(found) >= limit:
+                    break
+    except AAACeleryError as e:
+        raise click.ClickException(str(e)) from e
+    rows = [{"call_id": r.call_id, "tool": r.spec.name, "state": call_state(r), "attempts": r.attempts,
+             "seen_at": r.seen_at, "holder": r.holder, "tenant": tenant_of(r.spec),
+             "error": r.result.error if r.result is not None and not r.result.ok else None} for r in found]
+    if as_json:
+        _dump(rows)
         return
-    for e in trail:
-        click.echo(f"{e['at']:.3f} {e['type']} attempt={e['attempt']}")
+    cells = [[r["call_id"], r["tool"] or "-", r["state"], r["attempts"], when(r["seen_at"]),
+              r["holder"] or r["error"] or ""] for r in rows]
+    for line in table(cells, ["call_id", "tool", "state", "attempts", "seen", "holder/error"]):
+        click.echo(line)
+
+
+@aaa.command()
+@click.argument("call_id")
+@click.option("--as", "verdict", type=click.Choice(["completed", "failed"]), required=True,
+              help="What the operator found: the effect happened (completed) or not (failed).")
+@click.option("--note", required=True, help="Why: what was checked, where (kept in the audit trail).")
+@click.option("--value", help="The call's value as JSON, for --as completed.")
+@click.pass_context
+def resolve(ctx: click.Context, call_id: str, verdict: str, note: str, value: str | None) -> None:
+    """Settle a call in doubt (OutcomeUnknown, ExecutionAbandoned) after checking the called
+    system. Recorded as an aaa.tool.resolved event with who and why; a real result is never
+    overwritten."""
+    parsed = None
+    if value is not None:
+        if verdict != "completed":
+            raise click.BadParameter("--value goes with --as completed", param_hint="--value")
+        try:
+            parsed = json.loads(value)
+        except ValueError as e:
+            raise click.BadParameter(f"not JSON: {e}", param_hint="--value") from e
+    by = f"{getpass.getuser()}@{socket.gethostname()}"
+    store = _store(ctx)
+    try:
+        outcome = store.resolve(call_id, verdict, note, by, parsed)  # type: ignore[arg-type]
+    except NotResolvable as e:
+        click.echo(f"refused: {e}", err=True)
+        sys.exit(1)
+    except AAACeleryError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"resolved {call_id} as {verdict} by {by}: {outcome.value if outcome.ok else outcome.message}")
+
+
+@aaa.command()
+@click.option("--ping-timeout", default=1.0, show_default=True, help="Seconds to wait for workers' pings.")
+@click.pass_context
+def doctor(ctx: click.Context, ping_timeout: float) -> None:
+    """Check the app's settings and deployment against what the guard's guarantees need.
+    Exits 1 if a check fails."""
+    checks = doctor_checks.diagnose(_app(ctx), ping_timeout_s=ping_timeout)
+    for check in checks:
+        click.echo(check.line())
+    if any(c.status == "fail" for c in checks):
+        sys.exit(1)
+
+
+@aaa.command()
+@click.option("--older-than", "older_than", required=True, help="Age of the calls to delete: 7d, 12h, ...")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+def purge(ctx: click.Context, older_than: str, yes: bool) -> None:
+    """Delete finished calls (result and audit trail) first seen longer ago than
+    --older-than. Calls without a result are kept."""
+    age = duration(older_than)
+    store = _store(ctx)
+    if not yes:
+        click.confirm(f"Delete every finished call first seen more than {older_than} ago from the "
+                      f"{store.kind} store?", abort=True)
+    try:
+        purged = store.purge(store.now() - age)
+    except AAACeleryError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"purged {purged} finished calls first seen more than {older_than} ago")

@@ -11,11 +11,15 @@ from __future__ import annotations
 import abc
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
 from contextlib import contextmanager
 
 from ..config import GuardConfig
 from ..errors import StoreUnavailable
 from ..lifecycle import BeginResult, CallSpec, Event, FinishResult, Lease, Outcome
+
+if TYPE_CHECKING:
+    from .ops import CallRecord
 
 
 def new_token() -> str:
@@ -99,6 +103,25 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def now(self) -> float:
         """The store's clock, in seconds."""
+
+    # -- Operators' verbs (aaa_celery.stores.ops; the `celery aaa` commands) -------------
+
+    def calls(self, since: float | None = None, until: float | None = None) -> Iterator[CallRecord]:
+        """The calls first seen between ``since`` and ``until`` (store clock, None: open),
+        newest first, read through the store's index of calls by time (never a key scan)."""
+        raise NotImplementedError(f"{type(self).__name__} has no index of calls")
+
+    def resolve(self, call_id: str, verdict: Literal["completed", "failed"], note: str, by: str,
+                value: Any = None) -> Outcome:
+        """Settle a call in doubt (``OutcomeUnknown`` / ``ExecutionAbandoned``) as an operator's
+        ``verdict``, atomically, with an ``aaa.tool.resolved`` event; returns the new result.
+        Raises :class:`~aaa_celery.errors.NotResolvable` for any other call."""
+        raise NotImplementedError(f"{type(self).__name__} cannot resolve calls")
+
+    def purge(self, before: float) -> int:
+        """Delete the calls with a result first seen before ``before`` (store clock), with
+        their events; returns how many. Calls without a result are kept."""
+        raise NotImplementedError(f"{type(self).__name__} cannot purge calls")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free connections."""

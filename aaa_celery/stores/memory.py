@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 from ..config import GuardConfig
 from ..lifecycle import (
@@ -26,6 +27,7 @@ from ..lifecycle import (
 )
 from ._writes import CallWriter, apply
 from .base import Store, new_token
+from .ops import RESOLVED, CallRecord, plan_resolve
 
 
 @dataclass
@@ -181,3 +183,35 @@ class MemoryStore(Store):
             rec.recovery_until = now + hold_s
             return True
 
+
+    # -- Operators' verbs (stores/ops.py) ----------------------------------------------
+
+    def calls(self, since: float | None = None, until: float | None = None) -> Iterator[CallRecord]:
+        with self._lock:
+            now = self.now()
+            found = [
+                CallRecord(rec.spec.call_id, rec.spec, rec.registered_at, rec.attempts, rec.result,
+                           rec.lease.worker if rec.live(now) and rec.lease else None,
+                           any(e.type == RESOLVED for e in rec.events))
+                for rec in self._calls.values()
+                if (since is None or rec.registered_at >= since) and (until is None or rec.registered_at <= until)
+            ]
+        yield from sorted(found, key=lambda r: (r.seen_at, r.call_id), reverse=True)
+
+    def resolve(self, call_id: str, verdict: Literal["completed", "failed"], note: str, by: str,
+                value: Any = None) -> Outcome:
+        with self._lock:
+            rec = self._calls.get(call_id)
+            outcome, event = plan_resolve(rec.spec if rec else CallSpec(call_id), rec.result if rec else None,
+                                          verdict, note, by, value)
+            assert rec is not None
+            rec.result = outcome
+            _Writer(rec, self.now()).append(event)
+            return outcome
+
+    def purge(self, before: float) -> int:
+        with self._lock:
+            old = [k for k, rec in self._calls.items() if rec.result is not None and rec.registered_at < before]
+            for k in old:
+                del self._calls[k]
+            return len(old)

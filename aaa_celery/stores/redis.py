@@ -55,14 +55,17 @@ as an unreachable single server does.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import math
 import os
 import threading
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from importlib import resources
-from typing import Any
+from typing import Any, Literal
 
 import redis
 
@@ -93,6 +96,7 @@ from ..lifecycle import (
     started_event,
 )
 from .base import Store, new_token, wrap_errors
+from .ops import CallRecord, plan_resolve
 
 _SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "hand_on", "register", "claim_recovery")
 _CALL_KEYS = ("spec", "attempts", "result", "lease", "events")
@@ -299,6 +303,7 @@ class RedisStore(Store):
         call = f"{self._tags[shard]}:{call_id}"
         keys = [f"{call}:{k}" for k in _CALL_KEYS] + self._indexes[shard]
         keys.append(f"{call}:recovery")
+        keys.append(f"{self._tags[shard]}:calls")  # the shard's time index (stores/ops.py)
         with wrap_errors(self.kind, *_ERRORS):
             client = self._redis
             if self.cluster:
@@ -424,3 +429,78 @@ class RedisStore(Store):
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+    # -- Operators' verbs (stores/ops.py): each shard's ``calls`` index -------------------
+
+    def _op(self, script: str, call_id: str, *args: Any) -> Any:
+        """Run an operator's script (``lua/<script>.lua``), registered on first use."""
+        if script not in self._scripts:
+            self._scripts[script] = self._redis.register_script(_lua("_lib") + _lua(script))
+        return self._run(script, call_id, *args)
+
+    def _shard_ids(self, shard: int, since_ms: str, until_ms: str) -> Iterator[tuple[float, str]]:
+        """A shard's ``calls`` index between the two scores, newest first, a page at a time."""
+        key, offset = f"{self._tags[shard]}:calls", 0
+        while True:
+            with wrap_errors(self.kind, *_ERRORS):
+                page = self._redis.zrevrangebyscore(key, until_ms, since_ms, start=offset, num=_OPS_PAGE,
+                                                    withscores=True)
+            yield from ((score / 1000, call_id) for call_id, score in page)
+            if len(page) < _OPS_PAGE:
+                return
+            offset += len(page)
+
+    def calls(self, since: float | None = None, until: float | None = None) -> Iterator[CallRecord]:
+        since_ms = "-inf" if since is None else str(_ms(since))
+        until_ms = str(_ms(self.now() if until is None else until))
+        merged = heapq.merge(*(self._shard_ids(n, since_ms, until_ms) for n in range(self.shards)),
+                             key=lambda entry: (-entry[0], entry[1]))
+        while batch := list(itertools.islice(merged, _OPS_PAGE)):
+            with wrap_errors(self.kind, *_ERRORS):
+                pipe = self._redis.pipeline(transaction=False)
+                for _, call_id in batch:
+                    pipe.hmget(self.key(call_id, "spec"), "json", "resolved")
+                    pipe.get(self.key(call_id, "attempts"))
+                    pipe.get(self.key(call_id, "result"))
+                    pipe.hget(self.key(call_id, "lease"), "worker")
+                replies = pipe.execute()
+            for n, (seen_at, call_id) in enumerate(batch):
+                (spec, resolved), attempts, result, holder = replies[4 * n: 4 * n + 4]
+                if spec is None:
+                    continue  # its keys expired with their retention
+                yield CallRecord(call_id, CallSpec.from_json(spec), seen_at, int(attempts or 0),
+                                 Outcome.from_json(result) if result else None, holder, bool(resolved))
+
+    def resolve(self, call_id: str, verdict: Literal["completed", "failed"], note: str, by: str,
+                value: Any = None) -> Outcome:
+        for _ in range(_TRIES):
+            with wrap_errors(self.kind, *_ERRORS):
+                raw_spec, raw = self._redis.hget(self.key(call_id, "spec"), "json"), \
+                    self._redis.get(self.key(call_id, "result"))
+            spec = CallSpec.from_json(raw_spec) if raw_spec else CallSpec(call_id)
+            outcome, event = plan_resolve(spec, Outcome.from_json(raw) if raw else None, verdict, note, by, value)
+            reply = self._op("resolve", call_id, raw, _json(outcome), *_event_args(event))
+            if reply[0] == "resolved":
+                return outcome
+        raise RuntimeError(f"the result of {call_id!r} kept changing while it was resolved")
+
+    def purge(self, before: float) -> int:
+        cutoff, purged = _ms(before), 0
+        for shard in range(self.shards):
+            key, offset = f"{self._tags[shard]}:calls", 0
+            while True:
+                with wrap_errors(self.kind, *_ERRORS):
+                    ids = self._redis.zrangebyscore(key, "-inf", f"({cutoff}", start=offset, num=_OPS_PAGE)
+                kept = 0
+                for call_id in ids:
+                    done = self._op("purge", call_id, cutoff)
+                    purged += done == 1
+                    kept += done == 0
+                if len(ids) < _OPS_PAGE:
+                    break
+                offset += kept
+        return purged
+
+
+#: Index entries read per round trip by ``calls()`` and ``purge()``.
+_OPS_PAGE = 500

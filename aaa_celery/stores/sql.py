@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
@@ -51,6 +51,7 @@ from ..lifecycle import (
 )
 from ._writes import CallWriter, apply
 from .base import Store
+from .ops import RESOLVED, CallRecord, plan_resolve
 
 metadata = sa.MetaData()
 
@@ -394,3 +395,88 @@ class SQLStore(Store):
     def claim_recovery(self, call_id: str, worker: str, hold_s: float) -> bool:
         with self._write() as conn:
             return conn.execute(claim_recovery_window(call_id, self.now(), hold_s)).rowcount == 1
+
+    # -- Operators' verbs (stores/ops.py) ----------------------------------------------
+
+    def calls(self, since: float | None = None, until: float | None = None) -> Iterator[CallRecord]:
+        after: tuple[float, str] | None = None
+        while True:
+            with self._read() as conn:
+                rows = conn.execute(select_calls_page(since, until, after, _PAGE)).all()
+                if not rows:
+                    return
+                now = self.now()
+                live = self._live(rows, now, conn)
+                ids = [r.call_id for r in rows]
+                resolved = set(conn.execute(select_resolved(ids)).scalars())
+            for r in rows:
+                holder = (r.lease_worker or "") if r.call_id in live else None
+                yield CallRecord(r.call_id, CallSpec(**r.spec), r.registered_at, r.attempts,
+                                 _outcome(r.outcome), holder, r.call_id in resolved)
+            if len(rows) < _PAGE:
+                return
+            after = (rows[-1].registered_at, rows[-1].call_id)
+
+    def resolve(self, call_id: str, verdict: Literal["completed", "failed"], note: str, by: str,
+                value: Any = None) -> Outcome:
+        with self._write() as conn:
+            row = conn.execute(select_call_for_update(call_id)).one_or_none()
+            spec = CallSpec(**row.spec) if row is not None else CallSpec(call_id)
+            outcome, event = plan_resolve(spec, self._result(conn, call_id), verdict, note, by, value)
+            conn.execute(update_result(call_id, outcome))
+            conn.execute(insert_event_if_absent(self.insert, event.stamp(self.now())))
+            return outcome
+
+    def purge(self, before: float) -> int:
+        purged = 0
+        while True:
+            with self._write() as conn:
+                ids = list(conn.execute(select_finished_before(before, _PAGE)).scalars())
+                for table in (events, results, calls):
+                    conn.execute(table.delete().where(table.c.call_id.in_(ids)))
+            purged += len(ids)
+            if len(ids) < _PAGE:
+                return purged
+
+
+# -- Operators' statements (stores/ops.py) ---------------------------------------------------
+
+#: The time index of calls (``aaa calls``, ``aaa purge``); created with the tables.
+calls_by_time = sa.Index("ix_aaa_calls_registered_at", calls.c.registered_at)
+
+#: Rows per page of ``calls()`` and per transaction of ``purge()``.
+_PAGE = 500
+
+
+def select_calls_page(since: float | None, until: float | None, after: tuple[float, str] | None,
+                      limit: int) -> sa.Select[Any]:
+    """A page of the calls registered between ``since`` and ``until``, newest first (those
+    older than ``after``, the last row of the page before), each with its result (NULL if none)."""
+    stmt = sa.select(calls, results.c.outcome).outerjoin(results, results.c.call_id == calls.c.call_id)
+    if since is not None:
+        stmt = stmt.where(calls.c.registered_at >= since)
+    if until is not None:
+        stmt = stmt.where(calls.c.registered_at <= until)
+    if after is not None:
+        stmt = stmt.where(sa.tuple_(calls.c.registered_at, calls.c.call_id) < sa.tuple_(*after))
+    return stmt.order_by(calls.c.registered_at.desc(), calls.c.call_id.desc()).limit(limit)
+
+
+def select_resolved(call_ids: Sequence[str]) -> sa.Select[Any]:
+    """Which of these calls an operator resolved."""
+    return sa.select(events.c.call_id).where(events.c.type == RESOLVED, events.c.call_id.in_(call_ids))
+
+
+def update_result(call_id: str, outcome: Outcome) -> sa.Update:
+    """Replace a call's result (an operator's resolution of a call in doubt, only)."""
+    return results.update().where(results.c.call_id == call_id).values(outcome=asdict(outcome))
+
+
+def select_finished_before(before: float, limit: int) -> sa.Select[Any]:
+    """Up to ``limit`` calls with a result, registered before ``before``."""
+    return (
+        sa.select(calls.c.call_id)
+        .join(results, results.c.call_id == calls.c.call_id)
+        .where(calls.c.registered_at < before)
+        .limit(limit)
+    )

@@ -15,6 +15,8 @@
 --   KEYS[7] <t>:unclaimed        zset, the shard's: registered, never claimed calls,
 --                                score = registration (ms)
 --   KEYS[8] <t>:<call>:recovery  string with a PX TTL: who may republish the call
+--   KEYS[9] <t>:calls            zset, the shard's: every call, score = when first seen (ms),
+--                                for operators (`celery aaa calls`, `purge`)
 -- The script reads no other key; TIME is the clock of the node that owns the slot.
 -- ARGV[1] is always the call id.
 --
@@ -27,7 +29,7 @@
 -- the script answers {"recount", ...} / {"respec", ...} / {"stale_event"} without
 -- writing, and Python sends it again with the payload that case needs.
 
-local SPEC, ATTEMPTS, RESULT, LEASE, EVENTS, RUNNING, UNCLAIMED, RECOVERY = unpack(KEYS)
+local SPEC, ATTEMPTS, RESULT, LEASE, EVENTS, RUNNING, UNCLAIMED, RECOVERY, CALLS = unpack(KEYS)
 local CALL = ARGV[1]
 
 -- The server clock: milliseconds (leases, index) and seconds as a decimal string (events).
@@ -54,6 +56,7 @@ end
 local function ensure_spec(json, name, ikey, rank)
   if redis.call('EXISTS', SPEC) == 0 then
     redis.call('HSET', SPEC, 'json', json, 'name', name, 'ikey', ikey, 'req', rank)
+    redis.call('ZADD', CALLS, 'NX', (clock()), CALL)
     return true
   end
   if rank == '2' or tonumber(rank) > tonumber(redis.call('HGET', SPEC, 'req') or '0') then

@@ -1,0 +1,19 @@
+-- resolve.lua: an operator's verdict replaces a result in doubt (stores/ops.plan_resolve,
+-- decided in Python on the result read before; this script only compares and sets).
+--
+-- KEYS: the call keys of _lib.lua.
+-- ARGV[1] call id     ARGV[2] the result JSON the verdict was decided on
+-- ARGV[3] the new Outcome JSON     ARGV[4], ARGV[5] id and JSON of the aaa.tool.resolved event
+-- Touches: result (its TTL kept), spec (field resolved), events.
+-- Returns {"resolved"} | {"changed", current result JSON or nil}: the result is no longer
+-- the one the verdict was decided on, and nothing was written.
+
+local _, at = clock()
+local result = redis.call('GET', RESULT)
+if result ~= ARGV[2] then
+  return {'changed', result}
+end
+redis.call('SET', RESULT, ARGV[3], 'KEEPTTL')
+redis.call('HSET', SPEC, 'resolved', '1')
+push_event(ARGV[4], ARGV[5], at)
+return {'resolved'}

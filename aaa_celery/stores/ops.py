@@ -1,0 +1,116 @@
+"""What operators ask of a store, beside the guard's own verbs: the calls of a time window
+(the store's time index, not a key scan), settling a call in doubt, and retention.
+
+The decisions are pure and live here; each backend only makes them atomic:
+
+* :meth:`Store.calls <aaa_celery.stores.base.Store.calls>` yields a :class:`CallRecord`
+  per call first seen in a window, newest first, read through the store's index of calls
+  by the time it first saw them (Redis: one sorted set per shard; SQL: ``registered_at``);
+  :func:`call_state` names its state and :func:`matches` filters it.
+* :meth:`Store.resolve <aaa_celery.stores.base.Store.resolve>` replaces an
+  ``OutcomeUnknown`` / ``ExecutionAbandoned`` result by an operator's verdict, with the
+  ``aaa.tool.resolved`` audit event saying who and why (:func:`plan_resolve`); any other
+  result is real and is never overwritten (:class:`~aaa_celery.errors.NotResolvable`).
+* :meth:`Store.purge <aaa_celery.stores.base.Store.purge>` deletes finished calls first
+  seen before a time; calls without a result are never purged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..errors import NotResolvable
+from ..lifecycle import CallSpec, Draft, Outcome
+
+#: The audit event of an operator's resolution (id ``<call>:resolved``).
+RESOLVED = "aaa.tool.resolved"
+#: Recorded failures that only say the outcome is in doubt: an operator may settle them.
+IN_DOUBT = ("OutcomeUnknown", "ExecutionAbandoned")
+#: The states ``aaa calls --state`` filters on.
+STATES = ("running", "pending", "completed", "failed", "unknown", "abandoned", "revoked", "resolved")
+
+_STATE_OF_ERROR = {"OutcomeUnknown": "unknown", "ExecutionAbandoned": "abandoned", "TaskRevokedError": "revoked"}
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One call as the index shows it.
+
+    ``seen_at`` is when the store first saw the call (its registration or first
+    delivery; SQL stores: its last hand-on, if a retry handed it on), on the store's
+    clock. ``holder`` is the worker holding a live lease, else None.
+    """
+
+    call_id: str
+    spec: CallSpec
+    seen_at: float
+    attempts: int = 0
+    result: Outcome | None = None
+    holder: str | None = None
+    resolved: bool = False
+
+
+def call_state(record: CallRecord) -> str:
+    """``running`` (a live lease), ``pending`` (no result and no live lease: not claimed
+    yet, or lost and waiting for recovery), ``completed``, ``failed``, ``unknown``
+    (OutcomeUnknown), ``abandoned`` (ExecutionAbandoned), ``revoked``, or ``resolved``
+    (settled by an operator)."""
+    if record.result is None:
+        return "running" if record.holder else "pending"
+    if record.resolved:
+        return "resolved"
+    if record.result.ok:
+        return "completed"
+    return _STATE_OF_ERROR.get(record.result.error or "", "failed")
+
+
+def tenant_of(spec: CallSpec) -> str | None:
+    """The tenant a call was sent for (the engine's ``aaa_tenant`` header), if any."""
+    headers = spec.request.get("headers") or {}
+    message = spec.request.get("message")
+    if isinstance(message, dict):
+        headers = {**(message.get("headers") or {}), **headers}
+    tenant = headers.get("aaa_tenant")
+    return str(tenant) if tenant else None
+
+
+def matches(record: CallRecord, state: str | None = None, tool: str | None = None,
+            tenant: str | None = None) -> bool:
+    """Whether ``record`` passes ``aaa calls``' filters (None: any)."""
+    if state is not None and call_state(record) != state:
+        return False
+    if tool is not None and tool not in (record.spec.name, record.spec.request.get("task")):
+        return False
+    return tenant is None or tenant_of(record.spec) == tenant
+
+
+def resolved_event_id(call_id: str) -> str:
+    return f"{call_id}:resolved"
+
+
+def plan_resolve(call: CallSpec, current: Outcome | None, verdict: Literal["completed", "failed"],
+                 note: str, by: str, value: Any = None) -> tuple[Outcome, Draft]:
+    """The result and the audit event that settle a call in doubt as ``verdict``.
+
+    Raises:
+        NotResolvable: the call has no result yet (it may still run: wait, or let the
+            guard decide), or a real one (never overwritten).
+    """
+    if current is None:
+        raise NotResolvable(f"{call.call_id}: no recorded outcome yet (running or waiting for recovery); "
+                            "only OutcomeUnknown or ExecutionAbandoned calls can be resolved",
+                            call_id=call.call_id)
+    if current.ok or current.error not in IN_DOUBT:
+        what = "completed" if current.ok else f"failed with {current.error}"
+        raise NotResolvable(f"{call.call_id}: already {what}; a real result is never overwritten",
+                            call_id=call.call_id, current=current)
+    if verdict == "completed":
+        outcome = Outcome.success(value, current.attempt)
+    else:
+        outcome = Outcome.failure("ToolError", f"resolved as failed by {by}: {note}", current.attempt)
+    data = {"call_id": call.call_id, "name": call.name, "as": verdict, "note": note, "by": by,
+            "was": {"error": current.error, "message": current.message}}
+    if verdict == "completed":
+        data["value"] = value
+    return outcome, Draft(resolved_event_id(call.call_id), RESOLVED, call.call_id, current.attempt, data)

@@ -1,0 +1,172 @@
+"""``celery aaa doctor``: one failing case per check, and a deployment where all pass
+(a real worker answering pings, the Redis test server with AOF, a JSON-only app)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aaa_celery import GuardedTask
+from aaa_celery.cli.doctor import check_clock
+from aaa_celery.stores import open_store
+from aaa_celery.testing.fleet import WorkerProcess
+
+from ..conftest import _redis_client
+from . import cli_app
+from .test_cli import APP, cli
+
+ROOT = Path(__file__).resolve().parents[2]
+app = cli_app.app
+pytestmark = pytest.mark.redis
+
+
+def point_at(broker: str, store: str) -> None:
+    app.conf.broker_url = broker
+    app.conf.aaa_store_url = store
+    app._pool = None  # noqa: SLF001 - a new broker: drop the connection pool made for the old one
+    if hasattr(app, "_aaa_store"):
+        del app._aaa_store
+
+
+@contextmanager
+def setting(**changes: Any) -> Iterator[None]:
+    old = {k: app.conf.get(k) for k in changes}
+    app.conf.update(changes)
+    try:
+        yield
+    finally:
+        app.conf.update(old)
+
+
+def doctor() -> tuple[int, dict[str, str], str]:
+    result = cli("doctor", "--ping-timeout", "1.5")
+    statuses = {}
+    for line in result.output.splitlines():
+        status, _, rest = line.partition(" ")
+        statuses[rest.strip().partition(":")[0]] = status.lower()
+    return result.exit_code, statuses, result.output
+
+
+@pytest.fixture(scope="module")
+def fleet(redis_server, tmp_path_factory) -> Iterator[str]:
+    """One real worker, ``d1@doctor``, on the session Redis (broker and store)."""
+    worker = WorkerProcess(APP, hostname="d1@doctor", pool="solo", env={"AAA_CLI_BROKER": redis_server.url},
+                           workdir=tmp_path_factory.mktemp("doctor"), cwd=ROOT)
+    worker.start()
+    try:
+        worker.wait_ready(60)
+        yield redis_server.url
+    finally:
+        worker.stop()
+
+
+@pytest.fixture
+def healthy(fleet: str) -> str:
+    point_at(fleet, fleet)
+    return fleet
+
+
+def test_all_checks_pass_on_a_sound_deployment(healthy):
+    code, statuses, output = doctor()
+    assert code == 0, output
+    assert set(statuses.values()) == {"pass"}, output
+    assert {"acks_late", "reject_on_worker_lost", "serializers", "prefetch", "visibility_timeout",
+            "store reachable", "redis persistence", "clock skew", "worker node names"} <= set(statuses), output
+
+
+@contextmanager
+def extra_task(**options: Any) -> Iterator[None]:
+    def doctor_bad() -> None:
+        return None
+
+    app.task(base=GuardedTask, name="doctor_bad", shared=False, **options)(doctor_bad)
+    try:
+        yield
+    finally:
+        app.tasks.pop("doctor_bad", None)
+
+
+def test_a_task_that_acks_early_fails(healthy):
+    with extra_task(acks_late=False):
+        code, statuses, output = doctor()
+    assert code == 1 and statuses["acks_late"] == "fail" and "doctor_bad" in output
+
+
+def test_a_task_without_reject_on_worker_lost_fails(healthy):
+    with extra_task(reject_on_worker_lost=False):
+        code, statuses, _ = doctor()
+    assert code == 1 and statuses["reject_on_worker_lost"] == "fail"
+
+
+def test_accepting_pickle_fails(healthy):
+    with setting(accept_content=["json", "pickle"]):
+        code, statuses, _ = doctor()
+    assert code == 1 and statuses["serializers"] == "fail"
+
+
+def test_a_prefetch_multiplier_above_one_warns(healthy):
+    with setting(worker_prefetch_multiplier=4):
+        code, statuses, _ = doctor()
+    assert code == 0 and statuses["prefetch"] == "warn"
+
+
+def test_a_visibility_timeout_below_the_lease_ttl_fails(healthy):
+    with setting(broker_transport_options={"visibility_timeout": 5}):
+        code, statuses, _ = doctor()
+    assert code == 1 and statuses["visibility_timeout"] == "fail"
+    with setting(broker_transport_options={"visibility_timeout": 30}):
+        assert doctor()[1]["visibility_timeout"] == "warn"  # below report's timeout_s=60
+
+
+def test_an_unreachable_store_fails(healthy):
+    point_at(healthy, "redis://127.0.0.1:1/0")
+    code, statuses, output = doctor()
+    assert code == 1 and statuses["store reachable"] == "fail" and "unavailable" in output
+
+
+def test_redis_without_aof_fails(healthy):
+    client = _redis_client(healthy)
+    client.config_set("appendonly", "no")
+    try:
+        code, statuses, _ = doctor()
+    finally:
+        client.config_set("appendonly", "yes")
+        client.close()
+    assert code == 1 and statuses["redis persistence"] == "fail"
+
+
+def test_clock_skew_between_this_host_and_the_store_fails(healthy):
+    store = open_store(healthy)
+    try:
+        assert check_clock(store).status == "pass"
+        assert check_clock(store, local=lambda: time.time() + 10).status == "fail"
+        assert check_clock(store, local=lambda: time.time() - 1).status == "warn"
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+def test_clock_skew_is_read_from_the_postgres_server(healthy, postgres_url):
+    point_at(healthy, postgres_url)
+    code, statuses, output = doctor()
+    assert code == 0, output
+    assert statuses["store reachable"] == "pass" and statuses["clock skew"] == "pass"
+    assert "postgresql store" in output
+    assert check_clock(open_store(postgres_url), local=lambda: time.time() + 10).status == "fail"
+
+
+def test_two_workers_with_one_node_name_fail(healthy, tmp_path):
+    twin = WorkerProcess(APP, hostname="d1@doctor", pool="solo", env={"AAA_CLI_BROKER": healthy},
+                         workdir=tmp_path, cwd=ROOT)
+    twin.start()
+    try:
+        twin.wait_ready(60)
+        code, statuses, output = doctor()
+    finally:
+        twin.stop()
+    assert code == 1 and statuses["worker node names"] == "fail" and "d1@doctor" in output
