@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .. import protocol
 from ..errors import NotResolvable
 from ..lifecycle import CallSpec, Draft, Outcome
 
@@ -66,7 +67,11 @@ def call_state(record: CallRecord) -> str:
 
 
 def tenant_of(spec: CallSpec) -> str | None:
-    """The tenant a call was sent for (the engine's ``aaa_tenant`` header), if any."""
+    """The tenant a call belongs to: the one its id names (:func:`aaa_celery.protocol.tenant_of`),
+    else the ``aaa_tenant`` header it was sent with, if any."""
+    tenant = protocol.tenant_of(spec.call_id)
+    if tenant is not None:
+        return tenant
     headers = spec.request.get("headers") or {}
     message = spec.request.get("message")
     if isinstance(message, dict):
