@@ -9,7 +9,8 @@ restarted worker too. :class:`MessageCheck`, a consumer bootstep, wraps the stra
 A message that fails the check is:
 
 * recorded as the call's failed outcome (``ToolArgsError``, no attempt taken) in the
-  store and in the result backend, when its ``id`` header can be read;
+  store and in the result backend, when its ``id`` header can be read and its tenant and
+  run headers agree with it (else it may be another tenant's call: nothing is written);
 * rejected without requeue (as Celery's ``InvalidTaskError``, which the consumer logs
   and rejects; the ``task_rejected`` signal fires).
 
@@ -35,6 +36,7 @@ from ..protocol import (
     RUN_HEADER,
     TENANT_HEADER,
     TOOL_CALL_HEADER,
+    check_call,
     check_call_id,
     check_id,
     check_run_id,
@@ -92,7 +94,13 @@ def check_headers(headers: Any) -> str:
             if headers.get(name) is not None:
                 check(headers[name])
         except InvalidId as e:
-            raise Malformed(f"the {name!r} header: {e}", call_id) from None
+            # nothing is written under an id whose message names another (or no usable) tenant
+            # or run: it may be another tenant's call (see protocol.check_call)
+            raise Malformed(f"the {name!r} header: {e}", None) from None
+    try:
+        check_call(call_id, headers.get(TENANT_HEADER), headers.get(RUN_HEADER))
+    except InvalidId as e:
+        raise Malformed(str(e), None) from None
     for name in _TEXT_HEADERS:
         if headers.get(name) is not None and not isinstance(headers[name], str):
             raise Malformed(f"the {name!r} header must be a string", call_id)

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.fleet]
 
 APP = "tests.worker.trust_app"
 REFUSED = "refused"  # rejected without requeue, and recorded as a failed call (ToolArgsError)
-DROPPED = "dropped"  # rejected without requeue; no id to record it under
+DROPPED = "dropped"  # rejected without requeue; nothing recorded (no readable id, or maybe another tenant's)
 RAN = "ran"  # a well-formed message: the task ran in the pool and failed as the error says
 
 
@@ -63,11 +63,11 @@ TABLE = [
     Row("body is huge", [["x" * (2 * 1024 * 1024)], {}, EMBED], REFUSED, says="more than aaa_max_message_bytes"),
     Row("timelimit is a word", [[1], {}, EMBED], REFUSED, headers={"timelimit": "soon"}, says="'timelimit'"),
     Row("retries is a word", [[1], {}, EMBED], REFUSED, headers={"retries": "many"}, says="'retries'"),
-    Row("aaa_tenant is an object", [[1], {}, EMBED], REFUSED, headers={"aaa_tenant": {"x": 1}}, says="aaa_tenant"),
-    Row("aaa_run_id forges a log line", [[1], {}, EMBED], REFUSED, headers={"aaa_run_id": "r\nINFO forged"},
-        says="aaa_run_id"),
-    Row("aaa_tool_call_id is too long", [[1], {}, EMBED], REFUSED, headers={"aaa_tool_call_id": "c" * 2000},
-        says="aaa_tool_call_id"),
+    # bad aaa_ headers: the id may be another tenant's call, so nothing is written under it
+    Row("aaa_tenant is an object", [[1], {}, EMBED], DROPPED, headers={"aaa_tenant": {"x": 1}}),
+    Row("aaa_run_id forges a log line", [[1], {}, EMBED], DROPPED, headers={"aaa_run_id": "r\nINFO forged"}),
+    Row("aaa_tool_call_id is too long", [[1], {}, EMBED], DROPPED, headers={"aaa_tool_call_id": "c" * 2000}),
+    Row("aaa_tenant names another tenant than the id", {"x": 1}, DROPPED, headers={"aaa_tenant": "acme"}),
     Row("id header missing", [[1], {}, EMBED], DROPPED, headers={"id": None}),
     Row("id header is a number", [[1], {}, EMBED], DROPPED, headers={"id": 12345}),
     Row("id header forges a log line", [[1], {}, EMBED], DROPPED, headers={"id": "x\nINFO forged"}),
@@ -111,7 +111,7 @@ def test_malformed_messages_are_refused_and_the_worker_keeps_serving(redis_url, 
         for row in TABLE:
             outcome = store.result(row.id)
             if row.ends == DROPPED:
-                assert outcome is None, row.name
+                assert outcome is None and client.AsyncResult(row.id).state == "PENDING", row.name
                 continue
             assert outcome is not None and not outcome.ok, row.name
             assert outcome.error == row.error and row.says in outcome.message, (row.name, outcome)
