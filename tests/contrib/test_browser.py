@@ -222,3 +222,68 @@ def test_a_crafted_call_id_and_arguments_approve_nothing_and_run_no_script(base_
     run = api(f"/aaa/runs/{run_id}/events")
     assert len(run["pending"]) == 2
     assert [e for e in run["events"] if e["type"] == "aaa.approval.granted"] == []
+
+
+# -- the Django example, through its page's script and Django's CSRF protection -------------------
+
+@pytest.fixture
+def django_url() -> Iterator[str]:
+    """The Django example project (embedded engine) behind a real WSGI server on a free loopback port."""
+    django = pytest.importorskip("django")
+    from werkzeug.serving import make_server
+
+    project = ROOT / "examples" / "django_project"
+    sys.path.insert(0, str(project))
+    before = os.environ.get("DJANGO_SETTINGS_MODULE")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "proj.settings"
+    try:
+        django.setup()
+        from django.core.wsgi import get_wsgi_application
+
+        from aaa_celery.contrib.django import close_runs
+
+        server = make_server("127.0.0.1", 0, get_wsgi_application(), threaded=True)
+        thread = threading.Thread(target=server.serve_forever, name="django-example", daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_port}"
+        finally:
+            server.shutdown()
+            thread.join(10)
+            server.server_close()
+            close_runs()
+    finally:
+        if before is None:
+            os.environ.pop("DJANGO_SETTINGS_MODULE", None)
+        else:
+            os.environ["DJANGO_SETTINGS_MODULE"] = before
+        sys.path.remove(str(project))
+
+
+def test_django_a_person_starts_a_run_and_approves_through_the_page_under_csrf(django_url: str, browser: Any):
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    until = WebDriverWait(browser, TIMEOUT_S, poll_frequency=0.1,
+                          ignored_exceptions=[StaleElementReferenceException]).until
+    # Given a person who starts a cancellation through the page's form (Django's CSRF token in it)
+    browser.get(f"{django_url}/aaa/")
+    browser.find_element(By.NAME, "task").send_keys("cancel order A-100")
+    browser.find_element(By.NAME, "tenant").send_keys("acme")
+    browser.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    until(ec.url_contains("/aaa/runs/run"))
+    until(ec.visibility_of_element_located((By.CSS_SELECTOR, "#pending .approval")))
+
+    # When the person clicks Approve (the script posts JSON with the X-CSRFToken header)
+    def click_approve(driver: Any) -> bool:
+        driver.find_element(By.CSS_SELECTOR, "#pending .approve").click()
+        return True
+
+    until(click_approve)
+
+    # Then Django's CSRF protection let it through and the run completes
+    answer = until(ec.visibility_of_element_located((By.ID, "answer")))
+    assert answer.text == "A-100 is not shipped yet; cancelled A-100 for acme"
+    assert browser.find_element(By.ID, "error").text == ""
