@@ -1,6 +1,14 @@
-"""Tools with side effects: delivery policy, idempotency keys, and fencing, all configurable."""
+"""Tools with side effects: delivery policy, idempotency keys, and fencing, all configurable.
 
+``python examples/refund.py`` runs with a scripted model. ``--model openai`` or
+``--model anthropic`` asks a real one: the key comes from OPENAI_API_KEY or
+ANTHROPIC_API_KEY, the server from OPENAI_BASE_URL or ANTHROPIC_BASE_URL (vLLM,
+Ollama...), the model's name from AAA_MODEL.
+"""
+
+import argparse
 import asyncio
+import os
 
 from aaa_celery.algos import ToolLoop
 from aaa_celery.llm import FakeLLMClient, LLMHandler
@@ -33,7 +41,23 @@ def model(request):
     return tool_call("refund", order_id="A-100") if last.role == "user" else text(last.content)
 
 
-async def main() -> None:
+def model_client(choice: str):
+    """The scripted model by default; a vendor's client when its key is set."""
+    if choice == "fake":
+        return FakeLLMClient(model)
+    from aaa_celery.llm import AnthropicMessagesClient, OpenAIChatClient
+
+    client, key_env, name = {
+        "openai": (OpenAIChatClient, "OPENAI_API_KEY", "gpt-4.1-mini"),
+        "anthropic": (AnthropicMessagesClient, "ANTHROPIC_API_KEY", "claude-sonnet-4-5"),
+    }[choice]
+    if not os.environ.get(key_env):
+        raise SystemExit(f"--model {choice}: set {key_env} (the key is read from the environment only)")
+    return client(os.environ.get("AAA_MODEL", name))
+
+
+async def main(choice: str = "fake") -> None:
+    client = model_client(choice)
     registry = ToolRegistry([refund, search])
     guard = GuardConfig(lease_ttl_s=30, max_attempts=3)  # handler-wide default; tools override it
     handler = ToolHandler(registry, guard=guard)
@@ -50,10 +74,12 @@ async def main() -> None:
         handler.config_for(search).max_attempts,
     )
     async with Engine() as engine:
-        LLMHandler(FakeLLMClient(model)).attach(engine)
+        LLMHandler(client).attach(engine)
         handler.attach(engine)
         outcome = await engine.run(ToolLoop(registry), {"task": "refund order A-100"})
-    print(outcome.value["text"])
+    print(outcome.value["text"] if outcome.status == "completed" else f"run failed: {outcome.error}")
 
 
-asyncio.run(main())
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--model", choices=["fake", "openai", "anthropic"], default="fake")
+asyncio.run(main(parser.parse_args().model))

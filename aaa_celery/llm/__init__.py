@@ -1,4 +1,9 @@
-"""The model side of an agent run: the client interface, a fake client, and the handler."""
+"""The model side of an agent run: the client interface, a fake client, the vendors'
+clients (OpenAI-compatible chat completions, Anthropic messages) and the handler.
+
+The vendors' clients import their SDK only when constructed, so importing this
+package needs neither ``openai`` nor ``anthropic``.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,17 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import fake
-from .types import LLMClient, LLMRequest, LLMResponse, Message, ToolCall
+from .anthropic import AnthropicMessagesClient
+from .openai import OpenAIChatClient
+from .types import (
+    LLMClient,
+    LLMError,
+    LLMRequest,
+    LLMResponse,
+    Message,
+    ToolCall,
+    Usage,
+)
 
 
 class FakeLLMClient:
@@ -44,12 +59,16 @@ class LLMHandler:
 
 
 __all__ = [
+    "AnthropicMessagesClient",
     "FakeLLMClient",
     "LLMClient",
+    "LLMError",
     "LLMHandler",
     "LLMRequest",
     "LLMResponse",
     "Message",
+    "OpenAIChatClient",
     "ToolCall",
+    "Usage",
     "fake",
 ]

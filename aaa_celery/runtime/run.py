@@ -164,7 +164,10 @@ class RunHandle:
     async def complete(self, request: LLMRequest) -> LLMResponse:
         """Ask the model (the engine's LLM handler)."""
         response: LLMResponse = await self.engine.llm.complete(request)
-        self.emit("aaa.llm.completed", {"text": response.text, "tool_calls": len(response.tool_calls)})
+        data: dict[str, Any] = {"text": response.text, "tool_calls": len(response.tool_calls)}
+        if response.usage is not None:
+            data["usage"] = response.usage.as_dict()
+        self.emit("aaa.llm.completed", data)
         return response
 
     async def call_tools(self, calls: tuple[ToolCall, ...] | list[ToolCall]) -> list[ToolFact]:
@@ -187,6 +190,8 @@ class RunHandle:
         return fact
 
     async def _execute(self, call_id: str, call: ToolCall) -> ToolFact:
+        if call.error is not None:  # the model's call is malformed (its arguments are not JSON)
+            return failed(call_id, call.name, ToolArgsError(call.error))
         t = self.engine.tools.registry.get(call.name)
         if t is None:
             known = ", ".join(sorted(x.name for x in self.engine.tools.registry)) or "none"
