@@ -116,6 +116,12 @@ def check_tenant(tenant: Any) -> str | None:
     return None if tenant is None else check_id(tenant, "tenant", MAX_TENANT_BYTES)
 
 
+def usable_tool_call_id(tool_call_id: Any) -> bool:
+    """Whether the model's id of a call may travel in the ``aaa_tool_call_id`` header (it only
+    threads the transcript; an unusable one is left out, never part of any key)."""
+    return _usable(tool_call_id, MAX_CALL_ID_BYTES)
+
+
 # -- the call id -------------------------------------------------------------------------------
 
 
@@ -246,7 +252,7 @@ def check_call(call_id: Any, tenant: Any = None, run_id: Any = None) -> CallIden
     identity = parse_call_id(call_id)
     shown = ascii(call_id[:200])
     if tenant is not None:
-        if not isinstance(tenant, str) or not _usable(tenant, MAX_TENANT_BYTES):
+        if not _usable(tenant, MAX_TENANT_BYTES):
             raise ForeignCall(f"call {shown} came with an unusable tenant header", call_id=call_id)
         if identity is None or identity.tenant != tenant:
             raise ForeignCall(
@@ -254,16 +260,16 @@ def check_call(call_id: Any, tenant: Any = None, run_id: Any = None) -> CallIden
                 "call id must be minted for it (aaa_celery.protocol.call_id)", call_id=call_id,
             )
     if run_id is not None:
-        if not isinstance(run_id, str) or not _usable(run_id, MAX_RUN_ID_BYTES):
+        if not _usable(run_id, MAX_RUN_ID_BYTES):
             raise ForeignCall(f"call {shown} came with an unusable run header", call_id=call_id)
         if identity is not None and identity.run_id != run_id:
             raise ForeignCall(f"call {shown} does not belong to the run its message names", call_id=call_id)
     return identity
 
 
-def _usable(value: str, max_bytes: int) -> bool:
+def _usable(value: Any, max_bytes: int) -> bool:
     try:
-        check_id(value, "header", max_bytes)
+        check_id(value, "id", max_bytes)
     except InvalidId:
         return False
     return True

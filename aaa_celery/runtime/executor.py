@@ -10,7 +10,7 @@ from typing import Any
 from celery import Celery
 
 from ..errors import ConfigError
-from ..protocol import RUN_HEADER, TENANT_HEADER, TOOL_CALL_HEADER, task_name
+from ..protocol import RUN_HEADER, TENANT_HEADER, TOOL_CALL_HEADER, task_name, usable_tool_call_id
 from ..tools.handler import ToolHandler
 from ..tools.registry import ToolRegistry
 from ..tools.tool import Tool
@@ -75,7 +75,9 @@ class ToolExecutor:
                    arguments: dict[str, Any]) -> ToolFact:
         """Send one call as a guarded task (within its pool's bound) and wait for its fact."""
         task = self.app.tasks[task_name(t.name)]
-        headers = {RUN_HEADER: run_id, TOOL_CALL_HEADER: tool_call_id}
+        headers = {RUN_HEADER: run_id}
+        if usable_tool_call_id(tool_call_id):  # the model's id, for ctx.tool_call_id only: dropped if unusable
+            headers[TOOL_CALL_HEADER] = tool_call_id
         if tenant:
             headers[TENANT_HEADER] = tenant
         async with self._limit(t.pool):

@@ -134,6 +134,19 @@ def test_two_calls_sharing_one_model_id_in_one_turn_are_two_calls_each_approved_
     assert len({e["call_id"] for e in requested(handle)}) == 3
 
 
+def test_a_model_id_that_is_too_long_or_forges_a_log_line_never_stops_the_call():
+    # the model's id only threads the transcript: an unusable one is left out of the message
+    model = turns(calls(ToolCall("whoami", {}, id="c" * 2000), ToolCall("lookup", {"order_id": "F-6"}, id="x\nINFO forged")))
+
+    async def go() -> tuple[RunHandle, Any]:
+        async with Engine() as engine:
+            return await drive(engine, model)
+
+    handle, outcome = asyncio.run(go())
+    assert outcome.value["text"] == f"tenant=None run={handle.run_id} | order F-6: paid"
+    assert [e["tool_call_id"] for e in requested(handle)] == ["c" * 2000, "x\nINFO forged"]
+
+
 # -- item 2: tenants ----------------------------------------------------------------------------
 
 
@@ -311,3 +324,17 @@ def test_a_message_whose_tenant_header_names_another_tenant_is_dropped_without_t
             assert forged.result == "tenant=acme run=r-forge"
 
     asyncio.run(go())
+
+
+def test_the_longest_tenant_and_run_id_make_a_call_id_every_layer_accepts():
+    # a 128-byte tenant and a 256-byte run id (every byte escaped): a call id of ~1000 characters
+    tenant, run_id = "t:" * 64, "é" * 128
+
+    async def go() -> tuple[RunHandle, Any]:
+        async with Engine() as engine:
+            return await drive(engine, turns(calls(ToolCall("whoami", {}, id="call_0"))), tenant=tenant, run_id=run_id)
+
+    handle, outcome = asyncio.run(go())
+    assert outcome.value["text"] == f"tenant={tenant} run={run_id}"
+    [call] = requested(handle)
+    assert len(call["call_id"]) > 900 and ran[0]["call_id"] == call["call_id"]
