@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import enum
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,22 +27,17 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 
-class AnyTenant:
+class AnyTenant(enum.Enum):
     """The type of :data:`ANY_TENANT`."""
 
-    _instance: AnyTenant | None = None
-
-    def __new__(cls) -> AnyTenant:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    ANY_TENANT = "any tenant"
 
     def __repr__(self) -> str:
         return "ANY_TENANT"
 
 
 #: A read of every tenant's runs (an operator's view): the default of the engine's reads.
-ANY_TENANT = AnyTenant()
+ANY_TENANT = AnyTenant.ANY_TENANT
 
 
 def in_scope(owner: str | None, tenant: str | None | AnyTenant) -> bool:
