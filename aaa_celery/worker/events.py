@@ -19,6 +19,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from . import metrics
+
 log = logging.getLogger("aaa_celery.worker")
 
 #: The app setting that says whether this worker sends task events.
@@ -36,8 +38,11 @@ class TaskEvents:
     def __init__(self, task: Any, tool: str) -> None:
         self.task, self.tool = task, tool
         self.enabled = bool(task.app.conf.get(TASK_EVENTS_SETTING))
+        self.observe = metrics.observer(task)  # None unless the worker serves metrics
 
     def __call__(self, audit_type: str, attempt: int | None, **fields: Any) -> None:
+        if self.observe is not None:
+            self.observe(audit_type, attempt, fields)
         if not self.enabled:
             return
         try:

@@ -16,6 +16,7 @@ from typing import Any
 from celery.signals import before_task_publish, task_revoked, worker_process_init
 
 from .bootstep import RecoveryStep
+from .metrics import MetricsStep
 from .messages import MessageCheck
 from .publish import on_before_publish
 from .revoke import on_task_revoked
@@ -31,6 +32,8 @@ def attach(app: Any) -> Any:
     """Add the recovery bootstep to ``app``'s workers and connect the guard's signal (idempotent)."""
     if RecoveryStep not in app.steps["worker"]:
         app.steps["worker"].add(RecoveryStep)
+    if MetricsStep not in app.steps["worker"]:
+        app.steps["worker"].add(MetricsStep)  # serves metrics only on a worker with a metrics port
     if MessageCheck not in app.steps["consumer"]:
         app.steps["consumer"].add(MessageCheck)  # malformed messages never stop the worker
     worker_process_init.connect(_reopen_after_fork, weak=False, dispatch_uid="aaa_celery.reopen_after_fork")

@@ -1,0 +1,351 @@
+"""Prometheus metrics of the guard, exposed by each worker (``pip install aaa_celery[metrics]``).
+
+Turned on per worker by a port: the app setting ``aaa_metrics_port``, or the environment
+variable ``AAA_METRICS_PORT`` (one per worker process on a host), and optionally
+``aaa_metrics_addr`` (default ``127.0.0.1``; ``0.0.0.0`` to be scraped from elsewhere).
+The worker's main process then serves ``http://<addr>:<port>/metrics``.
+
+**Prefork.** The pool's children run the calls, so the metrics use prometheus-client's
+multiprocess mode: before the pool forks, the worker points ``PROMETHEUS_MULTIPROC_DIR``
+at a fresh directory of its own (unless it is set already: then it is yours to empty at
+start), every process writes its samples there, and the main process's endpoint adds them
+up. A child that dies keeps its counts. Solo and threads pools work the same way.
+
+**Names and labels** follow celery-exporter (``name``, ``queue_name``, ``hostname``; the
+worker's node name); no call id is ever a label:
+
+=============================================  =======================================================
+``aaa_task_attempts_started_total``            attempts claimed and started
+``aaa_task_takeovers_total``                   attempts n > 1 (a lost attempt taken over)
+``aaa_task_duplicates_absorbed_total``         deliveries dropped because another worker held the call
+``aaa_task_fenced_total``                      attempts cancelled after losing their lease
+``aaa_task_stale_results_total``               results of superseded attempts, kept as audit only
+``aaa_task_reconciled_total``                  calls settled by a ``reconcile`` function
+``aaa_task_outcome_unknown_total``             calls ended as ``OutcomeUnknown``
+``aaa_task_abandoned_total``                   calls ended as ``ExecutionAbandoned``
+``aaa_task_runtime_seconds``                   histogram: an attempt's start to its recorded result
+``aaa_lease_renew_failures_total``             renewals that failed (``hostname``)
+``aaa_heartbeat_lag_seconds``                  histogram: how late each renewal came (``hostname``)
+``aaa_store_latency_seconds``                  histogram: store round trips (``op``, ``store``, ``hostname``)
+=============================================  =======================================================
+
+The task counters come from the guard's audit events as the runner emits them
+(:class:`~aaa_celery.worker.events.TaskEvents`); the store ones from :class:`MeteredStore`,
+which wraps the app's store in each worker process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from celery import bootsteps
+from celery.signals import task_postrun, worker_process_init
+
+from ..config import GuardConfig
+from ..errors import ConfigError
+from ..lifecycle import COMPLETED, FAILED, FENCED, RETRIED, STALE_RESULT, STARTED, BeginResult, CallSpec, Claimed
+from ..lifecycle import Event, FinishResult, Lease, Outcome
+from ..stores.base import Store
+from .stores import app_store, use_store
+
+log = logging.getLogger("aaa_celery.worker")
+
+PORT_SETTING, ADDR_SETTING, PORT_ENV = "aaa_metrics_port", "aaa_metrics_addr", "AAA_METRICS_PORT"
+#: The worker's node name, recorded before the pool forks (children label store metrics with it).
+HOSTNAME_SETTING = "aaa_metrics_hostname"
+RECONCILED = "aaa.tool.reconciled"
+_TASK_LABELS = ("name", "queue_name", "hostname")
+_DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+_LAG_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+def configured_port(app: Any) -> int | None:
+    """The metrics port of this worker process, or None (metrics off)."""
+    raw = os.environ.get(PORT_ENV) or app.conf.get(PORT_SETTING)
+    if raw in (None, ""):
+        return None
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{PORT_SETTING}/{PORT_ENV}: {raw!r} is not a port number") from None
+
+
+class Metrics:
+    """The guard's metric objects (made once per worker, before the pool forks)."""
+
+    def __init__(self, registry: Any = None) -> None:
+        try:
+            from prometheus_client import REGISTRY, Counter, Histogram
+        except ImportError as e:
+            raise ConfigError("aaa metrics need prometheus-client: pip install 'aaa_celery[metrics]'") from e
+        reg = REGISTRY if registry is None else registry
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = _TASK_LABELS) -> Any:
+            return Counter(name, doc, labels, registry=reg)
+
+        self.started = counter("aaa_task_attempts_started", "Attempts of guarded calls claimed and started.")
+        self.takeovers = counter("aaa_task_takeovers", "Attempts n > 1: a lost attempt taken over.")
+        self.duplicates = counter("aaa_task_duplicates_absorbed",
+                                  "Deliveries dropped because another worker held the call.")
+        self.fenced = counter("aaa_task_fenced", "Attempts cancelled after losing their lease.")
+        self.stale = counter("aaa_task_stale_results", "Results of superseded attempts, kept as audit only.")
+        self.reconciled = counter("aaa_task_reconciled", "Calls settled by their reconcile function.")
+        self.unknown = counter("aaa_task_outcome_unknown", "Calls ended as OutcomeUnknown.")
+        self.abandoned = counter("aaa_task_abandoned", "Calls ended as ExecutionAbandoned.")
+        self.runtime = Histogram("aaa_task_runtime_seconds", "From an attempt's start to its recorded result.",
+                                 _TASK_LABELS, buckets=_DURATION_BUCKETS, registry=reg)
+        self.renew_failures = counter("aaa_lease_renew_failures", "Lease renewals that failed.", ("hostname",))
+        self.heartbeat_lag = Histogram("aaa_heartbeat_lag_seconds", "How late each lease renewal came.",
+                                       ("hostname",), buckets=_LAG_BUCKETS, registry=reg)
+        self.store_latency = Histogram("aaa_store_latency_seconds", "Store round trips of the guard.",
+                                       ("op", "store", "hostname"), buckets=_LATENCY_BUCKETS, registry=reg)
+
+
+_metrics: Metrics | None = None
+_local = threading.local()
+
+
+def current() -> Metrics | None:
+    """This process's metrics, if the worker turned them on."""
+    return _metrics
+
+
+def enable_multiprocess() -> str:
+    """Use prometheus-client's multiprocess mode in this process and the children it forks;
+    returns the samples' directory."""
+    from prometheus_client import values
+
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")
+    if not path:
+        path = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="aaa-metrics-")
+    os.makedirs(path, exist_ok=True)
+    if values.ValueClass is values.MutexValue:
+        # Chosen when prometheus_client was first imported; ours are made after this.
+        values.ValueClass = values.MultiProcessValue()
+    return path
+
+
+def setup(registry: Any = None) -> Metrics:
+    """Make this process's metrics (once)."""
+    global _metrics
+    if _metrics is None:
+        _metrics = Metrics(registry)
+    return _metrics
+
+
+def serve(port: int, addr: str, path: str) -> Any:
+    """Serve the samples of every process of this worker on ``addr:port``."""
+    from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=path)
+    return start_http_server(port, addr=addr, registry=registry)
+
+
+# -- Task events -> counters -------------------------------------------------------------------
+
+
+class Observer:
+    """Counts one delivery's audit events (made by ``TaskEvents`` for each delivery)."""
+
+    def __init__(self, metrics: Metrics, task: Any) -> None:
+        self.metrics = metrics
+        request = task.request
+        self.labels = {"name": task.name, "hostname": str(getattr(request, "hostname", None) or ""),
+                       "queue_name": str((getattr(request, "delivery_info", None) or {}).get("routing_key") or "")}
+        self.task_id = getattr(request, "id", None)
+        self.started_at: float | None = None
+
+    def __call__(self, audit_type: str, attempt: int | None, fields: dict[str, Any]) -> None:
+        m, labels = self.metrics, self.labels
+        if audit_type == STARTED:
+            self.started_at = time.monotonic()
+            m.started.labels(**labels).inc()
+            if (attempt or 1) > 1:
+                m.takeovers.labels(**labels).inc()
+        elif audit_type in (COMPLETED, FAILED):
+            if self.started_at is not None:
+                m.runtime.labels(**labels).observe(time.monotonic() - self.started_at)
+            error = fields.get("error")
+            if error == "OutcomeUnknown":
+                m.unknown.labels(**labels).inc()
+            elif error == "ExecutionAbandoned":
+                m.abandoned.labels(**labels).inc()
+        elif audit_type == FENCED:
+            m.fenced.labels(**labels).inc()
+        elif audit_type == STALE_RESULT:
+            m.stale.labels(**labels).inc()
+        elif audit_type == RECONCILED:
+            m.reconciled.labels(**labels).inc()
+        if audit_type in (FENCED, STALE_RESULT, RETRIED):
+            _local.explained = self.task_id  # this delivery's Ignore is not a duplicate
+
+
+def observer(task: Any) -> Observer | None:
+    """An observer of one delivery of ``task``, or None when metrics are off."""
+    return None if _metrics is None else Observer(_metrics, task)
+
+
+def on_task_postrun(sender: Any = None, task_id: str | None = None, state: str | None = None, **_: Any) -> None:
+    """``task_postrun`` receiver: a guarded delivery that ended ignored (acked without a
+    result) without being fenced or stale was a duplicate that found the call held."""
+    explained, _local.explained = getattr(_local, "explained", None), None
+    if _metrics is None or state != "IGNORED" or not hasattr(sender, "guard_config") or explained == task_id:
+        return
+    request = sender.request
+    _metrics.duplicates.labels(
+        name=sender.name, hostname=str(getattr(request, "hostname", None) or ""),
+        queue_name=str((getattr(request, "delivery_info", None) or {}).get("routing_key") or ""),
+    ).inc()
+
+
+# -- The store, timed -------------------------------------------------------------------------
+
+
+class MeteredStore(Store):
+    """A store whose round trips, renewals and heartbeat lag are measured; the rest of the
+    store (its own attributes and methods) is reached through it unchanged."""
+
+    def __init__(self, inner: Store, metrics: Metrics, hostname: str) -> None:
+        self.inner, self.metrics, self.hostname = inner, metrics, hostname
+        self.kind, self.ttl_leases = inner.kind, inner.ttl_leases
+        self._beats: dict[str, tuple[float, float]] = {}  # lease token -> (last renewal, period)
+        self._beats_lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def _timed(self, op: str, fn: Any, *args: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.metrics.store_latency.labels(op=op, store=self.kind, hostname=self.hostname).observe(
+                time.perf_counter() - start)
+
+    def _forget(self, lease: Lease) -> None:
+        with self._beats_lock:
+            self._beats.pop(lease.token, None)
+
+    def begin(self, call: CallSpec, worker: str, config: GuardConfig) -> BeginResult:
+        got = self._timed("begin", self.inner.begin, call, worker, config)
+        if isinstance(got, Claimed):
+            with self._beats_lock:
+                self._beats[got.lease.token] = (time.monotonic(), config.heartbeat_period_s)
+        return got
+
+    def renew(self, lease: Lease) -> bool:
+        now = time.monotonic()
+        with self._beats_lock:
+            last = self._beats.get(lease.token)
+            if last is not None:
+                self._beats[lease.token] = (now, last[1])
+        if last is not None:
+            self.metrics.heartbeat_lag.labels(hostname=self.hostname).observe(max(0.0, now - last[0] - last[1]))
+        ok = False
+        try:
+            ok = bool(self._timed("renew", self.inner.renew, lease))
+            return ok
+        finally:
+            if not ok:
+                self.metrics.renew_failures.labels(hostname=self.hostname).inc()
+
+    def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
+        self._forget(lease)
+        return self._timed("finish", self.inner.finish, lease, outcome, config)  # type: ignore[no-any-return]
+
+    def release(self, lease: Lease) -> None:
+        self._forget(lease)
+        self._timed("release", self.inner.release, lease)
+
+    def hand_on(self, lease: Lease) -> None:
+        self._forget(lease)
+        self._timed("hand_on", self.inner.hand_on, lease)
+
+    def fenced(self, lease: Lease) -> None:
+        self._forget(lease)
+        self._timed("fenced", self.inner.fenced, lease)
+
+    def events(self, call_id: str) -> list[Event]:
+        return self._timed("events", self.inner.events, call_id)  # type: ignore[no-any-return]
+
+    def result(self, call_id: str) -> Outcome | None:
+        return self._timed("result", self.inner.result, call_id)  # type: ignore[no-any-return]
+
+    def register(self, call: CallSpec) -> None:
+        self._timed("register", self.inner.register, call)
+
+    def expired(self, now: float | None = None, unclaimed_grace_s: float = 60.0) -> list[CallSpec]:
+        return self._timed("expired", self.inner.expired, now, unclaimed_grace_s)  # type: ignore[no-any-return]
+
+    def claim_recovery(self, call_id: str, worker: str, hold_s: float) -> bool:
+        return bool(self._timed("claim_recovery", self.inner.claim_recovery, call_id, worker, hold_s))
+
+    def now(self) -> float:
+        return float(self._timed("now", self.inner.now))
+
+    def calls(self, since: float | None = None, until: float | None = None) -> Iterator[Any]:
+        return self.inner.calls(since, until)
+
+    def resolve(self, call_id: str, verdict: Literal["completed", "failed"], note: str, by: str,
+                value: Any = None) -> Outcome:
+        return self.inner.resolve(call_id, verdict, note, by, value)
+
+    def purge(self, before: float) -> int:
+        return self.inner.purge(before)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def meter_store(app: Any) -> None:
+    """Make this process use the app's store, metered (a worker process with metrics on)."""
+    if _metrics is None:
+        return
+    store = app_store(app)
+    if not isinstance(store, MeteredStore):
+        use_store(app, MeteredStore(store, _metrics, str(app.conf.get(HOSTNAME_SETTING) or "")))
+
+
+class MetricsStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """A worker bootstep serving the guard's metrics when the worker has a metrics port."""
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        app = worker.app
+        self.port, self.server, self.path = configured_port(app), None, ""
+        if self.port is None:
+            return
+        # Before the pool forks: the children inherit the mode, the metrics and the receivers.
+        self.path = enable_multiprocess()
+        setup()
+        app.conf[HOSTNAME_SETTING] = str(getattr(worker, "hostname", "") or "")
+        task_postrun.connect(on_task_postrun, weak=False, dispatch_uid="aaa_celery.metrics.postrun")
+
+        def meter_child(**_: Any) -> None:
+            try:
+                meter_store(app)
+            except Exception as e:  # noqa: BLE001 - never stop a child for its metrics
+                log.warning("aaa: no store metrics in this pool process: %s", e)
+
+        worker_process_init.connect(meter_child, weak=False, dispatch_uid="aaa_celery.metrics.meter_child")
+
+    def start(self, worker: Any) -> None:
+        if self.port is None or self.server is not None:
+            return
+        meter_store(worker.app)  # the main process: recovery sweeps, and the calls of solo/threads pools
+        addr = str(worker.app.conf.get(ADDR_SETTING) or "127.0.0.1")
+        self.server = serve(self.port, addr, self.path)
+        log.info("aaa: metrics on http://%s:%s/metrics (samples in %s)", addr, self.port, self.path)
+
+    def stop(self, worker: Any) -> None:
+        server, self.server = self.server, None
+        if isinstance(server, tuple):  # prometheus-client >= 0.20 returns (server, thread)
+            server[0].shutdown()

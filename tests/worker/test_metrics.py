@@ -1,0 +1,85 @@
+"""The guard's Prometheus metrics, scraped from real prefork workers after a run with a
+takeover (a worker kill -9ed mid-call) and a duplicate delivery (a second copy of a running
+call, dropped by the worker that received it)."""
+
+from __future__ import annotations
+
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from aaa_celery.testing import Ledger, duplicate_delivery, wait_for
+from aaa_celery.testing.fleet import WorkerProcess
+
+from ..servers import free_port
+from .fleet_app import make_app
+
+pytestmark = [pytest.mark.redis, pytest.mark.fleet]
+ROOT = Path(__file__).resolve().parents[2]
+TTL = 2.0
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset], float]:
+    """The samples of ``/metrics``: (name, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def total(samples: dict, metric: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == metric and want <= ls)
+
+
+def test_a_worker_counts_a_takeover_and_an_absorbed_duplicate(redis_url, tmp_path):
+    env = {"AAA_FLEET_BROKER": redis_url, "AAA_FLEET_TTL": str(TTL)}
+    ports = [free_port(), free_port()]
+    workers = [WorkerProcess("tests.worker.fleet_app", hostname=f"m{n}@metrics", concurrency=2, cwd=ROOT,
+                             env={**env, "AAA_METRICS_PORT": str(port)}, workdir=tmp_path / f"w{n}")
+               for n, port in enumerate(ports)]
+    client, ledger = make_app(env), Ledger(redis_url)
+    try:
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.wait_ready(60)
+        # A takeover: the holder of a 4 s call is kill -9ed; the other worker runs attempt 2.
+        first = client.tasks["fleet.long"].delay(4.0)
+        start = wait_for(lambda: ledger.entries(first.id, "start"), 30, "attempt 1")[0]
+        holder = next(w for w in workers if start["pid"] in w.children() or start["pid"] == w.pid)
+        survivor = next(w for w in workers if w is not holder)
+        port = ports[workers.index(survivor)]
+        holder.kill()
+        assert first.get(timeout=40)["attempt"] == 2
+        before = scrape(port)
+
+        # A duplicate: a second copy of a running call reaches the survivor's other child.
+        second = client.tasks["fleet.long"].delay(3.0)
+        wait_for(lambda: ledger.entries(second.id, "start"), 30, "the second call's start")
+        duplicate_delivery(client, second.id, "fleet.long", args=[3.0])
+        assert second.get(timeout=30)["attempt"] == 1
+        after = wait_for(lambda: (s := scrape(port)) and
+                         total(s, "aaa_task_duplicates_absorbed_total") > total(before, "aaa_task_duplicates_absorbed_total")
+                         and s, 20, "the duplicate counted")
+    finally:
+        for w in workers:
+            w.stop()
+
+    labels = {"name": "fleet.long", "hostname": survivor.hostname}
+    assert total(after, "aaa_task_attempts_started_total", **labels) == 2
+    assert total(after, "aaa_task_takeovers_total", **labels) == 1
+    assert total(after, "aaa_task_duplicates_absorbed_total", **labels) - \
+        total(before, "aaa_task_duplicates_absorbed_total", **labels) == 1
+    assert total(after, "aaa_task_runtime_seconds_count", **labels) == 2
+    assert 3.0 <= total(after, "aaa_task_runtime_seconds_sum", **labels) < 30
+    assert total(after, "aaa_task_fenced_total") == 0 and total(after, "aaa_task_outcome_unknown_total") == 0
+    assert total(after, "aaa_lease_renew_failures_total") == 0
+    assert total(after, "aaa_heartbeat_lag_seconds_count", hostname=survivor.hostname) >= 3
+    assert total(after, "aaa_store_latency_seconds_count", op="begin", store="redis") >= 3
+    assert total(after, "aaa_store_latency_seconds_count", op="finish", store="redis") >= 2
+    assert total(after, "aaa_store_latency_seconds_count", op="renew", store="redis") >= 3
+    assert not [k for k in after if any(v in (first.id, second.id) for _, v in k[1])]  # never a call id
+
