@@ -204,3 +204,14 @@ def test_without_an_authorize_hook_the_routes_refuse_to_load_unless_anonymous_is
             assert "ALLOW_ANONYMOUS" in caplog.text
     finally:
         importlib.reload(urls)
+
+
+def test_a_bad_approval_ttl_fails_when_the_settings_are_read(client: Any):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from aaa_celery.contrib.django.settings import load_settings
+
+    with aaa_settings(APPROVAL_TTL_S=0), pytest.raises(ImproperlyConfigured, match="APPROVAL_TTL_S"):
+        load_settings()
+    with aaa_settings(APPROVAL_TTL_S=120):
+        assert load_settings().approval_ttl_s == 120

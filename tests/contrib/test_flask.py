@@ -198,6 +198,8 @@ def test_without_an_authorize_hook_the_routes_refuse_to_serve_unless_anonymous_i
         pass
     with pytest.raises(ConfigError, match="SECRET_KEY"), example(SECRET_KEY=None):
         pass
+    with pytest.raises(ConfigError, match="APPROVAL_TTL_S"), example(AAA_CELERY_APPROVAL_TTL_S=-1):
+        pass
     # development: an explicit opt-in serves everyone, with a warning in the log
     with caplog.at_level("WARNING", logger="aaa_celery.contrib"), \
             example(AAA_CELERY_AUTHORIZE=None, AAA_CELERY_ALLOW_ANONYMOUS=True) as app:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 
+from ...errors import ConfigError
+from ...runtime.approvals import check_ttl
 from .._web import Settings
 
 
@@ -14,6 +16,8 @@ def load_settings() -> Settings:
     if not isinstance(values, dict):
         raise ImproperlyConfigured("AAA_CELERY must be a dict, e.g. {'TOOLS': 'shop.tools:handler', 'LLM': ...}")
     try:
-        return Settings.from_mapping(values)
-    except ValueError as e:
+        loaded = Settings.from_mapping(values)
+        check_ttl(loaded.approval_ttl_s, "AAA_CELERY['APPROVAL_TTL_S']")
+    except (ValueError, ConfigError) as e:
         raise ImproperlyConfigured(str(e)) from e
+    return loaded
