@@ -7,6 +7,7 @@ what the client sent back with ``vendor.results(body)``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from aaa_celery.llm import AnthropicMessagesClient, LLMHandler, OpenAIChatClient
 from aaa_celery.runtime import Engine
 from aaa_celery.tools import ToolHandler, ToolRegistry
 
+from ..conftest import unavailable
 from .stub_server import Reply, StubModelServer, anthropic_reply, openai_reply
 
 
@@ -89,6 +91,14 @@ VENDORS = {
     "openai": Vendor("openai", "OPENAI_API_KEY", OpenAIChatClient),
     "anthropic": Vendor("anthropic", "ANTHROPIC_API_KEY", AnthropicMessagesClient),
 }
+
+
+@pytest.fixture(autouse=True, scope="session")
+def sdks() -> None:
+    """The vendors' SDKs (``pip install -e '.[dev]'``): missing, the tests skip locally and fail in CI."""
+    missing = [name for name in ("openai", "anthropic") if importlib.util.find_spec(name) is None]
+    if missing:
+        unavailable(f"the {' and '.join(missing)} SDK is not installed: pip install -e '.[dev]'")
 
 
 @pytest.fixture(autouse=True)

@@ -150,3 +150,22 @@ def test_importing_aaa_celery_needs_neither_sdk():
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_public_names_of_aaa_celery_llm_are_frozen():
+    import inspect
+
+    import aaa_celery.llm as llm
+    from aaa_celery.llm import AnthropicMessagesClient, OpenAIChatClient
+
+    assert sorted(llm.__all__) == sorted([
+        "LLMClient", "LLMHandler", "LLMRequest", "LLMResponse", "Message", "ToolCall", "Usage", "LLMError",
+        "FakeLLMClient", "fake", "OpenAIChatClient", "AnthropicMessagesClient",
+    ])
+
+    def defaults(cls: type) -> dict:
+        return {k: p.default for k, p in inspect.signature(cls).parameters.items() if p.default is not p.empty}
+
+    common = {"base_url": None, "timeout_s": 120.0, "max_retries": 4, "params": None}
+    assert defaults(OpenAIChatClient) == {**common, "key_env": "OPENAI_API_KEY"}
+    assert defaults(AnthropicMessagesClient) == {**common, "key_env": "ANTHROPIC_API_KEY", "max_tokens": 4096}
