@@ -123,6 +123,18 @@ class Store(abc.ABC):
         their events; returns how many. Calls without a result are kept."""
         raise NotImplementedError(f"{type(self).__name__} cannot purge calls")
 
+    # -- Budgets (aaa_celery.stores.budgets; GuardPolicy's Budget and RateLimit rules) ------
+
+    def spend(self, key: str, token: str, amount: float, limit: float, window_s: float) -> bool:
+        """Atomically count ``amount`` against budget ``key`` in the current window of
+        ``window_s`` seconds, if the window's total stays within ``limit``; True if counted.
+
+        A ``token`` (the call id) counts once per window: spending again with it answers
+        True and adds nothing. Windows are fixed, aligned to the store clock's epoch.
+        Raises ``ValueError`` for a negative or non-finite amount or limit.
+        """
+        raise NotImplementedError(f"{type(self).__name__} keeps no budgets")
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free connections."""
 

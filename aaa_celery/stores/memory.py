@@ -27,6 +27,7 @@ from ..lifecycle import (
 )
 from ._writes import CallWriter, apply
 from .base import Store, new_token
+from .budgets import admits, check_spend, window_of
 from .ops import RESOLVED, CallRecord, plan_resolve
 
 
@@ -94,6 +95,7 @@ class MemoryStore(Store):
         self._clock = clock
         self._lock = threading.RLock()
         self._calls: dict[str, _Call] = {}
+        self._budgets: dict[str, tuple[int, float, set[str]]] = {}  # key -> window, total, tokens
 
     def now(self) -> float:
         return self._clock()
@@ -215,3 +217,20 @@ class MemoryStore(Store):
             for k in old:
                 del self._calls[k]
             return len(old)
+
+    # -- Budgets (stores/budgets.py) ----------------------------------------------------
+
+    def spend(self, key: str, token: str, amount: float, limit: float, window_s: float) -> bool:
+        check_spend(key, token, amount, limit, window_s)
+        with self._lock:
+            window = window_of(self.now(), window_s)
+            found, total, tokens = self._budgets.get(key, (window, 0.0, set()))
+            if found != window:
+                total, tokens = 0.0, set()
+            if token in tokens:
+                return True
+            if not admits(total, amount, limit):
+                return False
+            tokens.add(token)
+            self._budgets[key] = (window, total + amount, tokens)
+            return True

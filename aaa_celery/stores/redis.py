@@ -55,6 +55,7 @@ as an unreachable single server does.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 import json
@@ -96,6 +97,7 @@ from ..lifecycle import (
     started_event,
 )
 from .base import Store, new_token, wrap_errors
+from .budgets import EPSILON, check_spend
 from .ops import CallRecord, plan_resolve
 
 _SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "hand_on", "register", "claim_recovery")
@@ -429,6 +431,22 @@ class RedisStore(Store):
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+    # -- Budgets (stores/budgets.py) ----------------------------------------------------
+
+    def budget_key(self, key: str) -> str:
+        """The Redis key of budget ``key``: a digest of it as its own hash tag (any text
+        may be a budget key, and every budget can live on any node of a cluster)."""
+        return f"{self.key_prefix}:budget:{{{hashlib.sha256(key.encode('utf-8')).hexdigest()[:32]}}}"
+
+    def spend(self, key: str, token: str, amount: float, limit: float, window_s: float) -> bool:
+        check_spend(key, token, amount, limit, window_s)
+        script = self._scripts.get("spend")
+        if script is None:
+            script = self._scripts["spend"] = self._redis.register_script(_lua("spend"))
+        args = [token, repr(float(amount)), repr(float(limit)), _ms(window_s), repr(EPSILON)]
+        with wrap_errors(self.kind, *_ERRORS):
+            return bool(script(keys=[self.budget_key(key)], args=args, client=self._redis))
 
     # -- Operators' verbs (stores/ops.py): each shard's ``calls`` index -------------------
 

@@ -51,6 +51,7 @@ from ..lifecycle import (
 )
 from ._writes import CallWriter, apply
 from .base import Store
+from .budgets import admits, check_spend, window_of
 from .ops import RESOLVED, CallRecord, plan_resolve
 
 metadata = sa.MetaData()
@@ -89,6 +90,21 @@ events = sa.Table(
     sa.Column("attempt", sa.Integer, nullable=False),
     sa.Column("data", sa.JSON, nullable=False),
     sa.Column("at", sa.Double, nullable=False),
+)
+
+budgets = sa.Table(
+    "aaa_budgets",
+    metadata,
+    sa.Column("budget_key", sa.String, primary_key=True),
+    sa.Column("window_no", sa.BigInteger, nullable=False),
+    sa.Column("total", sa.Double, nullable=False),
+)
+
+budget_tokens = sa.Table(
+    "aaa_budget_tokens",
+    metadata,
+    sa.Column("budget_key", sa.String, primary_key=True),
+    sa.Column("token", sa.String, primary_key=True),
 )
 
 #: ``insert`` of a dialect that has ``on_conflict_do_nothing`` (postgresql, sqlite).
@@ -218,6 +234,38 @@ def claim_recovery_window(call_id: str, now: float, hold_s: float) -> sa.Update:
         .where(calls.c.call_id == call_id, calls.c.recovery_until <= now)
         .values(recovery_until=now + hold_s)
     )
+
+
+def insert_budget_if_absent(insert: Insert, key: str, window: int) -> sa.Executable:
+    """Create a budget's row, empty in ``window``, unless it exists (the row lock's row)."""
+    return insert(budgets).values(budget_key=key, window_no=window, total=0.0).on_conflict_do_nothing(
+        index_elements=["budget_key"])
+
+
+def select_budget_for_update(key: str) -> sa.Select[Any]:
+    """Read a budget's window and total, and lock its row until the transaction ends."""
+    return sa.select(budgets.c.window_no, budgets.c.total).where(budgets.c.budget_key == key).with_for_update()
+
+
+def start_budget_window(key: str, window: int) -> sa.Update:
+    """Empty a budget for a new window."""
+    return budgets.update().where(budgets.c.budget_key == key).values(window_no=window, total=0.0)
+
+
+def delete_budget_tokens(key: str) -> sa.Delete:
+    """Forget the tokens counted in a budget's past window."""
+    return budget_tokens.delete().where(budget_tokens.c.budget_key == key)
+
+
+def select_budget_token(key: str, token: str) -> sa.Select[Any]:
+    """Whether ``token`` was counted in the budget's current window."""
+    return sa.select(budget_tokens.c.token).where(budget_tokens.c.budget_key == key, budget_tokens.c.token == token)
+
+
+def count_budget_spend(key: str, token: str, amount: float) -> tuple[sa.Insert, sa.Update]:
+    """Count ``amount`` for ``token`` in the budget's current window."""
+    return (budget_tokens.insert().values(budget_key=key, token=token),
+            budgets.update().where(budgets.c.budget_key == key).values(total=budgets.c.total + amount))
 
 
 # -- The store -------------------------------------------------------------------------
@@ -395,6 +443,26 @@ class SQLStore(Store):
     def claim_recovery(self, call_id: str, worker: str, hold_s: float) -> bool:
         with self._write() as conn:
             return conn.execute(claim_recovery_window(call_id, self.now(), hold_s)).rowcount == 1
+
+    # -- Budgets (stores/budgets.py) ----------------------------------------------------
+
+    def spend(self, key: str, token: str, amount: float, limit: float, window_s: float) -> bool:
+        check_spend(key, token, amount, limit, window_s)
+        with self._write() as conn:
+            window = window_of(self.now(), window_s)
+            conn.execute(insert_budget_if_absent(self.insert, key, window))
+            found, total = conn.execute(select_budget_for_update(key)).one()
+            if found != window:
+                conn.execute(start_budget_window(key, window))
+                conn.execute(delete_budget_tokens(key))
+                total = 0.0
+            elif conn.execute(select_budget_token(key, token)).first() is not None:
+                return True
+            if not admits(total, amount, limit):
+                return False
+            for statement in count_budget_spend(key, token, amount):
+                conn.execute(statement)
+            return True
 
     # -- Operators' verbs (stores/ops.py) ----------------------------------------------
 

@@ -1,0 +1,91 @@
+"""The store conformance suite, budgets: ``Store.spend`` (stores/budgets.py) on every backend.
+
+A budget counts amounts against a limit in fixed windows of time, atomically, and each
+token (a call id) at most once per window: the store half of GuardPolicy's Budget and
+RateLimit rules (issue 12, item 8).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+
+import pytest
+
+
+def budget() -> str:
+    return f"budget:{uuid.uuid4().hex[:10]}"
+
+
+def test_spend_counts_amounts_until_the_limit(store):
+    key = budget()
+    # Given a limit of 5, When 2 + 2 are spent, Then a third 2 does not fit but a 1 does
+    assert store.spend(key, "c1", 2, 5, 3600)
+    assert store.spend(key, "c2", 2, 5, 3600)
+    assert not store.spend(key, "c3", 2, 5, 3600)
+    assert store.spend(key, "c4", 1, 5, 3600)
+    assert not store.spend(key, "c5", 0.5, 5, 3600)
+    # an amount of zero always fits; float sums are within a limit they reach
+    assert store.spend(key, "c6", 0, 5, 3600)
+    other = budget()
+    assert store.spend(other, "a", 0.1, 0.3, 3600) and store.spend(other, "b", 0.2, 0.3, 3600)
+
+
+def test_spend_counts_a_token_once_per_window(store_factory):
+    a, b = store_factory(), store_factory()
+    key = budget()
+    assert a.spend(key, "call-1", 3, 5, 3600)
+    # a redelivery of the same call, on another worker, is admitted and adds nothing
+    assert b.spend(key, "call-1", 3, 5, 3600)
+    assert b.spend(key, "call-2", 2, 5, 3600)
+    assert not a.spend(key, "call-3", 1, 5, 3600)
+    # a refused token was not counted: it is refused again, and counts once it fits
+    assert not b.spend(key, "call-3", 1, 5, 3600)
+
+
+def test_budgets_with_other_keys_are_independent(store):
+    first, second = budget(), budget()
+    assert store.spend(first, "t", 5, 5, 3600)
+    assert not store.spend(first, "u", 1, 5, 3600)
+    assert store.spend(second, "u", 5, 5, 3600)
+    # any text is a key, including hash-tag braces and a newline
+    hostile = "tenant:{x}\n" + "é" * 200
+    assert store.spend(hostile, "t", 1, 1, 3600) and not store.spend(hostile, "u", 1, 1, 3600)
+
+
+def test_concurrent_spenders_never_overspend(store_factory):
+    key, results = budget(), []
+    stores = [store_factory() for _ in range(4)]
+    barrier = threading.Barrier(20)
+
+    def spend(n: int) -> None:
+        barrier.wait()
+        results.append(stores[n % len(stores)].spend(key, f"call-{n}", 1, 5, 3600))
+
+    threads = [threading.Thread(target=spend, args=(n,)) for n in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(results) == [False] * 15 + [True] * 5
+
+
+def test_a_new_window_starts_empty(store):
+    key, window_s = budget(), 1.0
+    # start right after a window boundary, so that both spends fall in one window
+    time.sleep(window_s - store.now() % window_s + 0.05)
+    assert store.spend(key, "a", 1, 1, window_s) and not store.spend(key, "b", 1, 1, window_s)
+    time.sleep(window_s - store.now() % window_s + 0.05)
+    assert store.spend(key, "b", 1, 1, window_s)
+
+
+@pytest.mark.parametrize("bad", [
+    {"amount": -1}, {"amount": math.nan}, {"amount": math.inf}, {"limit": -5}, {"limit": math.nan},
+    {"window_s": 0}, {"window_s": -1}, {"key": ""}, {"token": ""}, {"amount": True},
+])
+def test_spend_refuses_amounts_no_budget_can_take(store, bad):
+    args = {"key": budget(), "token": "t", "amount": 1, "limit": 5, "window_s": 60, **bad}
+    with pytest.raises(ValueError):
+        store.spend(**args)
