@@ -153,7 +153,7 @@ def test_retries_end_in_an_llm_error_naming_the_status(vendor: Vendor):
 
 def test_a_request_that_outlasts_timeout_s_is_retried_then_fails(vendor: Vendor):
     slow = vendor.text("too late")
-    slow.delay_s = 3.0
+    slow.delay_s = 6.0
     with vendor.server(lambda body: slow) as server:
         started = time.monotonic()
         with pytest.raises(LLMError) as caught:
@@ -161,7 +161,7 @@ def test_a_request_that_outlasts_timeout_s_is_retried_then_fails(vendor: Vendor)
         took = time.monotonic() - started
     assert len(server.requests) == 2
     assert caught.value.status_code is None and "Timeout" in str(caught.value)
-    assert took < 2.9  # it did not wait for the slow answer
+    assert took < 5.5  # it did not wait for the slow answer
 
 
 def test_failed_model_call_fails_the_run_with_the_llm_error(vendor: Vendor):
