@@ -183,14 +183,23 @@ class RetryPolicy(BaseModel):
 class GuardPolicy(BaseModel):
     """Limits on what the model may send to tools and what comes back to it.
 
-    Checked by the worker before a tool runs (arguments) and after (results), so
-    an oversized or forbidden call becomes a ``ToolArgsError`` fact, never a crash.
+    Arguments are checked before a call is stored or sent, and by the worker before
+    the tool runs; results after. An oversized or forbidden call becomes a
+    ``ToolArgsError`` fact, never a crash.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     max_args_bytes: int = Field(default=256 * 1024, gt=0)
-    """Largest JSON size of a call's arguments, in bytes."""
+    """Largest size of a call's arguments, in UTF-8 bytes of their compact JSON. Checked
+    before the call is stored or sent (by the engine and by ``apply_async``), and again
+    by the worker."""
+
+    max_args_depth: int = Field(default=32, gt=0)
+    """Deepest nesting of a call's arguments (the arguments object itself is level 1)."""
+
+    max_string_bytes: int = Field(default=64 * 1024, gt=0)
+    """Longest string anywhere in a call's arguments, in UTF-8 bytes."""
 
     max_result_chars: int | None = Field(default=None, gt=0)
     """Truncate a text result longer than this for the model (None: no limit)."""

@@ -11,6 +11,7 @@ from celery import Celery
 
 from ..errors import ConfigError
 from ..protocol import RUN_HEADER, TENANT_HEADER, TOOL_CALL_HEADER, task_name, usable_tool_call_id
+from ..tools.args import CheckedArgs
 from ..tools.handler import ToolHandler
 from ..tools.registry import ToolRegistry
 from ..tools.tool import Tool
@@ -63,6 +64,16 @@ class ToolExecutor:
         if limit is None:
             limit = self._limits[pool] = asyncio.Semaphore(self.pool_sizes.get(pool, DEFAULT_POOL_SIZE))
         return limit
+
+    def check(self, t: Tool, arguments: Any) -> CheckedArgs:
+        """Check a call's arguments as its handler's ``GuardPolicy`` and the tool's schema
+        say (before anything is stored or sent); raises ``ToolArgsError``."""
+        return t.check(arguments, self.handlers[t.name].guards)
+
+    def shown(self, name: str, arguments: Any) -> Any:
+        """A call's arguments as events may show them (secrets redacted; see ``Tool.shown``)."""
+        t = self.registry.get(name)
+        return t.shown(arguments, self.handlers[t.name].guards) if t is not None else "<refused: unknown tool>"
 
     def _shorten(self, t: Tool, fact: ToolFact) -> ToolFact:
         """Apply the handler's ``GuardPolicy.max_result_chars`` to a text result."""

@@ -180,7 +180,7 @@ class RunHandle:
 
     async def _call(self, call_id: str, call: ToolCall) -> ToolFact:
         self.emit("aaa.tool.requested", {"call_id": call_id, "tool_call_id": call.id, "name": call.name,
-                                         "arguments": call.arguments})
+                                         "arguments": self.engine.tools.shown(call.name, call.arguments)})
         fact = await self._execute(call_id, call)
         self.emit(fact.event_type, fact.event_data())
         return fact
@@ -192,17 +192,20 @@ class RunHandle:
         if t is None:
             known = ", ".join(sorted(x.name for x in self.engine.tools.registry)) or "none"
             return failed(call_id, call.name, ToolArgsError(f"unknown tool {call.name!r}; the tools are: {known}"))
-        # a snapshot: what a person approves is exactly what is sent
-        arguments = copy.deepcopy(dict(call.arguments))
-        if t.requires_approval:
-            pending, reason = await self._approval(call_id, call, t, arguments)
+        try:  # checked before anything is stored or sent; the canonical form is what is sent
+            checked = self.engine.tools.check(t, call.arguments)
+        except ToolArgsError as e:
+            return failed(call_id, t.name, e)
+        arguments = checked.canonical
+        if t.requires_approval:  # a person sees (and approves) them with secrets redacted
+            pending, reason = await self._approval(call_id, call, t, checked.shown)
             if pending is None:
                 return failed(call_id, t.name, ApprovalExpired(reason))
             if reason is not None:
                 message = f"{DENIED_MESSAGE}: {reason}" if reason else DENIED_MESSAGE
                 return failed(call_id, t.name, ApprovalDenied(message))
             try:
-                pending.consume(arguments)  # single use, and only for what was approved
+                pending.consume(checked.shown)  # single use, and only for what was approved
             except ValueError as e:
                 return failed(call_id, t.name, ApprovalDenied(str(e)))
         try:

@@ -6,6 +6,7 @@ from ..errors import ExecutionAbandoned, OutcomeUnknown, ToolArgsError, ToolErro
 from .handler import ToolHandler
 from .registry import ToolRegistry
 from .search import Index, search_tool
+from .secrets import Secret
 from .tool import Tool, tool
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "tool",
     "search_tool",
     "Index",
+    "Secret",
     # running them
     "ToolHandler",
     "ToolContext",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from celery import Celery
+from celery.utils.saferepr import saferepr
 from kombu import Queue
 
 from ..config import GuardConfig, GuardPolicy, RetryPolicy, build_config
@@ -14,35 +15,70 @@ from ..protocol import QUEUE_PREFIX, task_name
 from ..worker import GuardedTask, install
 from ..worker import app_store as store_of
 from ..worker import use_store
+from ..worker.calls import default_key
 from .registry import ToolRegistry
+from .secrets import require_sealer, seal, sealer_for, unseal
 from .tool import Tool
 
 __all__ = ["ToolHandler", "ToolTask", "ToolTaskHandle", "store_of", "use_store"]
 
 
 class ToolTask(GuardedTask):
-    """The guarded task of one tool. Its message is ``kwargs={"arguments": {...}}``."""
+    """The guarded task of one tool. Its message is ``kwargs={"arguments": {...}}``.
+
+    ``apply_async`` checks the arguments (:mod:`aaa_celery.tools.args`) before anything
+    is stored or published, sends their canonical form with secrets sealed, and shows
+    them to Celery's events and logs with secrets redacted; the worker checks them again.
+    """
 
     tool: ClassVar[Tool]
     policy: ClassVar[GuardPolicy] = GuardPolicy()
     engine: ClassVar[Any] = None
 
+    def _raw(self, args: tuple[Any, ...], kwargs: dict[str, Any], clear: bool) -> Any:
+        """The call's arguments with secrets unsealed; a message of another shape is refused."""
+        tool = type(self).tool
+        if set(kwargs) - {"arguments"} or len(args) > 1:
+            raise ToolArgsError(f"{tool.name}: malformed message; expected kwargs={{'arguments': {{...}}}}")
+        arguments = kwargs.get("arguments", args[0] if args else None)
+        return unseal(tool.name, {} if arguments is None else arguments, tool.secrets, sealer_for(self.app), clear)
+
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        arguments = kwargs.get("arguments", args[0] if args else {})
-        return arguments if isinstance(arguments, dict) else {}
+        """What the idempotency key function gets: the validated, canonical arguments, with
+        secrets redacted (so no key can carry one)."""
+        return type(self).tool.check(self._raw(args, kwargs, True), type(self).policy).shown
+
+    def key_for(self, call_id: str, headers: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        try:
+            return super().key_for(call_id, headers, args, kwargs)
+        except ToolArgsError:
+            return default_key(call_id, headers)  # the body refuses these arguments
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any) -> Any:
+        """Send the call (see the class): raises ``ToolArgsError`` for arguments the tool
+        refuses, before anything is stored or published."""
+        tool = type(self).tool
+        args, kwargs = tuple(args or ()), dict(kwargs or {})
+        checked = tool.check(self._raw(args, kwargs, True), type(self).policy)
+        sent = seal(checked.canonical, tool.secrets, require_sealer(self.app, tool.name, tool.secrets)) \
+            if tool.secrets else checked.canonical
+        positional = "arguments" not in kwargs and bool(args)
+        amqp = self.app.amqp
+        if positional:
+            args = (sent,)
+            options["argsrepr"] = saferepr((checked.shown,), amqp.argsrepr_maxsize)
+        else:
+            kwargs["arguments"] = sent
+            options["kwargsrepr"] = saferepr({"arguments": checked.shown}, amqp.kwargsrepr_maxsize)
+        return super().apply_async(args, kwargs, task_id=task_id, **options)
 
     def body(self, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: ToolContext) -> Any:
         tool, policy = type(self).tool, type(self).policy
-        arguments = kwargs.get("arguments", args[0] if args else None)
-        if set(kwargs) - {"arguments"} or len(args) > 1:
-            raise ToolArgsError(f"{tool.name}: malformed message; expected kwargs={{'arguments': {{...}}}}")
+        arguments = self._raw(args, kwargs, not ctx.guarded)
         if tool.name in policy.denied_tools:
             raise ToolArgsError(f"{tool.name}: this tool is denied by the handler's guard policy")
-        if len(repr(arguments)) > policy.max_args_bytes:
-            raise ToolArgsError(f"{tool.name}: arguments larger than {policy.max_args_bytes} bytes")
         ctx.engine = type(self).engine
-        result = tool.invoke(arguments if arguments is not None else {}, ctx)
-        return result
+        return tool.invoke(arguments, ctx, policy)
 
     def run(self, arguments: dict[str, Any] | None = None) -> Any:  # pragma: no cover - body() runs tools
         raise NotImplementedError
@@ -74,7 +110,7 @@ class ToolTaskHandle:
         self.task, self.tool = task, tool
 
     def _message(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        self.tool.validate_args(arguments)
+        self.tool.check(arguments, type(self.task).policy)  # early, for a signature too
         return {"arguments": arguments}
 
     def delay(self, **arguments: Any) -> Any:
@@ -83,7 +119,7 @@ class ToolTaskHandle:
 
     def apply_async(self, arguments: dict[str, Any] | None = None, **options: Any) -> Any:
         """Send the call with Celery's options; returns its ``AsyncResult``."""
-        return self.task.apply_async(kwargs=self._message(dict(arguments or {})), **options)
+        return self.task.apply_async(kwargs=self._message({} if arguments is None else arguments), **options)
 
     def s(self, **arguments: Any) -> Any:
         """A signature of the call, for ``chain``, ``group`` and ``chord``."""
@@ -156,6 +192,9 @@ class ToolHandler:
         and ``-Q aaa.slow`` selects one. Refuses unsafe settings (pickle).
         """
         self.check()
+        for t in self.registry:
+            if t.secrets:
+                require_sealer(app, t.name, t.secrets)
         install(app)
         queues = list(app.conf.task_queues or [Queue(app.conf.task_default_queue)])
         names = {q.name for q in queues}

@@ -8,11 +8,14 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, create_model
 
-from ..config import Delivery, GuardConfig, parse_delivery, validate_overrides
+from ..config import Delivery, GuardConfig, GuardPolicy, parse_delivery, validate_overrides
 from ..context import ToolContext
 from ..errors import ConfigError, ToolArgsError
+from . import args as _args
+from .args import CheckedArgs
+from .secrets import secret_params
 
 
 def _context_param(fn: Callable[..., Any], hints: dict[str, Any]) -> str | None:
@@ -22,16 +25,19 @@ def _context_param(fn: Callable[..., Any], hints: dict[str, Any]) -> str | None:
     return None
 
 
+def _params(fn: Callable[..., Any], skip: str | None) -> list[inspect.Parameter]:
+    return [p for name, p in inspect.signature(fn).parameters.items()
+            if name != skip and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
 def _args_model(fn: Callable[..., Any], name: str, skip: str | None) -> type[BaseModel]:
-    hints = typing.get_type_hints(fn)
+    hints = typing.get_type_hints(fn, include_extras=True)  # keep Annotated constraints
     fields: dict[str, Any] = {}
-    for pname, param in inspect.signature(fn).parameters.items():
-        if pname == skip or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            continue
+    for param in _params(fn, skip):
         default = ... if param.default is param.empty else param.default
-        fields[pname] = (hints.get(pname, Any), default)
+        fields[param.name] = (hints.get(param.name, Any), default)
     return create_model(  # type: ignore[call-overload, no-any-return]
-        f"{name}_args", __config__=ConfigDict(extra="forbid"), **fields
+        f"{name}_args", __config__=ConfigDict(extra="forbid", allow_inf_nan=False), **fields
     )
 
 
@@ -81,6 +87,11 @@ class Tool:
         hints = typing.get_type_hints(fn)
         self.context_param = _context_param(fn, hints)
         self.args_model = _args_model(fn, self.name, self.context_param)
+        #: The secret parameters (``Annotated[str, Secret]`` or ``SecretStr``), redacted wherever shown.
+        self.secrets = secret_params(
+            self.name, typing.get_type_hints(fn, include_extras=True),
+            [p.name for p in _params(fn, self.context_param)],
+        )
         self.is_async = inspect.iscoroutinefunction(fn)
 
     @property
@@ -99,28 +110,34 @@ class Tool:
         """The tool as a model sees it: name, description and parameter schema."""
         return {"name": self.name, "description": self.description, "parameters": self.schema}
 
-    def validate_args(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Check ``arguments`` against the schema; ToolArgsError names what is wrong."""
-        if not isinstance(arguments, dict):
-            raise ToolArgsError(f"{self.name}: arguments must be an object, got {type(arguments).__name__}")
+    def check(self, arguments: Any, policy: GuardPolicy | None = None) -> CheckedArgs:
+        """Check ``arguments`` against ``policy``'s limits and the schema (see
+        :mod:`aaa_celery.tools.args`); ToolArgsError names what is wrong."""
+        return _args.check(self.name, self.args_model, self.secrets, arguments, policy or _args.DEFAULT_POLICY)
+
+    def validate_args(self, arguments: Any, policy: GuardPolicy | None = None) -> dict[str, Any]:
+        """The validated values of ``arguments`` (as the tool receives them); ToolArgsError
+        names what is wrong."""
+        return self.check(arguments, policy).values
+
+    def shown(self, arguments: Any, policy: GuardPolicy | None = None) -> Any:
+        """``arguments`` as events and pages may show them: canonical with secrets redacted;
+        refused ones as a note saying why (never their values: a misspelt secret is not
+        recognised as one)."""
         try:
-            model = self.args_model.model_validate(arguments)
-        except ValidationError as e:
-            problems = "; ".join(
-                f"{'.'.join(map(str, err['loc'])) or 'arguments'}: {err['msg']}" for err in e.errors()
-            )
-            raise ToolArgsError(f"{self.name}: bad arguments: {problems}") from None
-        return {k: getattr(model, k) for k in type(model).model_fields}
+            return self.check(arguments, policy).shown
+        except ToolArgsError as e:
+            return f"<refused: {e}>"
 
     def key_for(self, arguments: dict[str, Any], default: str) -> str:
-        """The idempotency key of a call with these arguments."""
+        """The idempotency key of a call with these arguments (canonical, secrets redacted)."""
         if self.idempotency_key is None:
             return default
         return str(self.idempotency_key(arguments))
 
-    def invoke(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+    def invoke(self, arguments: dict[str, Any], ctx: ToolContext, policy: GuardPolicy | None = None) -> Any:
         """Call the function with validated arguments (a coroutine for an async tool)."""
-        kwargs = self.validate_args(arguments)
+        kwargs = self.validate_args(arguments, policy)
         if self.context_param is not None:
             kwargs[self.context_param] = ctx
         return self.fn(**kwargs)

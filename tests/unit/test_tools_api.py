@@ -16,7 +16,7 @@ from aaa_celery.tools import GuardConfig, Tool, ToolContext, ToolHandler, ToolRe
 def test_public_names_of_aaa_celery_tools_are_frozen():
     assert sorted(tools.__all__) == sorted(
         [
-            "Tool", "ToolRegistry", "tool", "search_tool", "Index",
+            "Tool", "ToolRegistry", "tool", "search_tool", "Index", "Secret",
             "ToolHandler", "ToolContext",
             "GuardConfig", "Delivery", "LostLease", "RetryPolicy", "GuardPolicy",
             "ToolError", "ToolArgsError", "OutcomeUnknown", "ExecutionAbandoned",

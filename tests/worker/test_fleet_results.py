@@ -28,7 +28,10 @@ def test_results_values_and_tool_errors_reach_async_result_get_as_their_types_ov
     echo = f.client.tasks["aaa.tool.echo"].delay(arguments={"text": "hi"})
     tool_error = f.client.tasks["fleet.fail"].delay("tool")
     args_error = f.client.tasks["fleet.fail"].delay("args")
-    bad_args = f.client.tasks["aaa.tool.echo"].delay(arguments={"nope": 1})
+    with pytest.raises(ToolArgsError):  # refused before it is published (issue 12)
+        f.client.tasks["aaa.tool.echo"].delay(arguments={"nope": 1})
+    # sent around apply_async, the worker refuses it: a recorded ToolArgsError
+    bad_args = f.client.send_task("aaa.tool.echo", kwargs={"arguments": {"nope": 1}}, queue="aaa.default")
     assert ok.get(timeout=15) == 2
     assert echo.get(timeout=15) == "hi"
     for result, cls in ((tool_error, ToolError), (args_error, ToolArgsError), (bad_args, ToolArgsError)):

@@ -1,0 +1,158 @@
+"""Secret arguments on the embedded engine over a Redis store: redacted in run events,
+approvals, the store and the idempotency key; intact in the tool (issue 12).
+
+Reproduces on 23716a3: there was no way to mark an argument secret, and a password
+argument appeared in the run events and in the store's spec (kept for recovery).
+The fleet side (Celery events, worker log, Flask pages, recovery) is
+``tests/worker/test_fleet_secrets.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets as pysecrets
+from typing import Annotated, Any
+
+import pytest
+import redis
+from celery import Celery
+from pydantic import BaseModel, SecretStr
+
+from aaa_celery import open_store
+from aaa_celery.algos import ToolLoop
+from aaa_celery.errors import ConfigError, ToolArgsError
+from aaa_celery.llm import FakeLLMClient, LLMHandler, LLMResponse, ToolCall
+from aaa_celery.llm.fake import text
+from aaa_celery.runtime import Engine
+from aaa_celery.runtime.approvals import APPROVAL_GRANTED
+from aaa_celery.tools import ToolContext, ToolHandler, ToolRegistry, tool
+from aaa_celery.tools import Secret
+
+pytestmark = [pytest.mark.redis]
+
+
+def redis_dump(url: str) -> str:
+    """Every key of the database and every value in it, as one text to grep."""
+    client = redis.Redis.from_url(url)
+    out = []
+    for key in client.scan_iter(count=1000):
+        kind = client.type(key).decode()
+        value: Any = {
+            "string": lambda: client.get(key),
+            "hash": lambda: client.hgetall(key),
+            "list": lambda: client.lrange(key, 0, -1),
+            "set": lambda: client.smembers(key),
+            "zset": lambda: client.zrange(key, 0, -1, withscores=True),
+            "stream": lambda: client.xrange(key),
+        }.get(kind, lambda: b"")()
+        out.append(f"{key!r} {value!r}")
+    client.close()
+    return "\n".join(out)
+
+
+received: list[dict[str, Any]] = []
+
+
+@tool(idempotency_key=lambda a: f"login:{a['user']}:{a['password']}")
+def login(user: str, password: Annotated[str, Secret], token: SecretStr | None = None,
+          ctx: ToolContext = None) -> str:  # type: ignore[assignment]
+    """Log in."""
+    received.append({"user": user, "password": password, "token": token, "key": ctx.idempotency_key})
+    return f"logged in {user}"
+
+
+@tool(requires_approval=True)
+def pay(amount: int, card: SecretStr) -> str:
+    """Pay (a person approves)."""
+    received.append({"amount": amount, "card": card.get_secret_value()})
+    return f"paid {amount}"
+
+
+def test_a_secret_reaches_the_tool_intact_and_nothing_else_in_clear(redis_url):
+    password, token, card = (f"pw-{pysecrets.token_hex(8)}" for _ in range(3))
+    received.clear()
+
+    def model(request: Any) -> LLMResponse:
+        if request.messages[-1].role == "user":
+            return LLMResponse(tool_calls=(
+                ToolCall("login", {"user": "ann", "password": password, "token": token}),
+                ToolCall("pay", {"amount": "30", "card": card}),
+            ))
+        return text(" | ".join(m.content for m in request.messages if m.role == "tool"))
+
+    async def main() -> Any:
+        async with Engine(store=open_store(redis_url)) as engine:
+            LLMHandler(FakeLLMClient(model)).attach(engine)
+            ToolHandler(ToolRegistry([login, pay])).attach(engine)
+            handle = engine.start(ToolLoop(ToolRegistry([login, pay])), {"task": "go"})
+            while not handle.pending_approvals():
+                await asyncio.sleep(0.02)
+            [pending] = handle.pending_approvals()
+            shown = pending.to_dict()
+            handle.signal(APPROVAL_GRANTED, {"call_id": pending.call_id, "digest": pending.digest})
+            outcome = await handle.result()
+            return handle, shown, outcome
+
+    handle, shown, outcome = asyncio.run(main())
+    assert outcome.value["text"] == "logged in ann | paid 30"
+    # the tool got every secret intact, and its key saw the password redacted
+    by_tool = {("user" in r): r for r in received}
+    assert by_tool[True]["password"] == password and by_tool[True]["token"].get_secret_value() == token
+    assert by_tool[True]["key"] == "login:ann:**********"
+    assert by_tool[False]["card"] == card
+    # a person approves what they see, the secret redacted
+    assert shown["arguments"] == {"amount": 30, "card": "**********"}
+    everything = f"{handle.events()!r}\n{redis_dump(redis_url)}"
+    requested = [e["data"]["arguments"] for e in handle.events() if e["type"] == "aaa.tool.requested"]
+    assert requested[0] == {"user": "ann", "password": "**********", "token": "**********"}
+    for secret in (password, token, card):
+        assert secret not in everything
+
+
+def test_a_secret_sent_around_apply_async_is_refused_by_the_worker_not_run():
+    received.clear()
+
+    async def main() -> Any:
+        async with Engine() as engine:
+            LLMHandler(FakeLLMClient([text("nothing")])).attach(engine)
+            ToolHandler(ToolRegistry([login])).attach(engine)
+            await engine.run(ToolLoop(ToolRegistry([login])), {"task": "go"})  # starts the worker
+            sent = engine.app.send_task("aaa.tool.login", kwargs={"arguments": {"user": "a", "password": "clear"}},
+                                        queue=f"aaa-embedded-{engine.id}.default")
+            return await asyncio.to_thread(sent.get, timeout=30, propagate=False), sent
+
+    value, sent = asyncio.run(main())
+    assert isinstance(value, ToolArgsError) and "arrived in clear" in str(value)
+    assert received == []
+
+
+class Creds(BaseModel):
+    user: str
+    password: SecretStr
+
+
+def test_secret_marks_are_checked_when_the_tool_is_defined_and_bound():
+    with pytest.raises(ConfigError, match="holds a secret inside it"):
+        @tool
+        def nested(creds: Creds) -> str:
+            """Nested."""
+            return ""
+
+    with pytest.raises(ConfigError, match=r"Annotated\[str, Secret\]"):
+        @tool
+        def pin(code: Annotated[int, Secret]) -> str:
+            """A number is no secret string."""
+            return ""
+
+    app = Celery("no-key", broker="redis://127.0.0.1:1/0", set_as_current=False)
+    with pytest.raises(ConfigError, match="aaa_secret_key"):
+        ToolHandler(ToolRegistry([login])).bind(app)
+    app.conf.aaa_secret_key = "not a key"
+    with pytest.raises(ConfigError, match="aaa_secret_key: not a Fernet key"):
+        ToolHandler(ToolRegistry([login])).bind(app)
+
+
+def test_a_direct_call_takes_the_secret_in_clear():
+    received.clear()
+    assert asyncio.run(login(user="bo", password="pw")) == "logged in bo"
+    assert received[0]["password"] == "pw"
