@@ -14,6 +14,7 @@ from .runner import (
     error_for,
     run_unguarded,
 )
+from .reconcile import Happened, NotHappened
 from .watchdog import BodyTimedOut, Interrupted, LeaseCancelled, Watchdog, active_calls
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "Dropped",
     "GuardRunner",
     "HandBack",
+    "Happened",
+    "NotHappened",
     "Interrupted",
     "LeaseCancelled",
     "Watchdog",

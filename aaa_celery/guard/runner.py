@@ -46,6 +46,7 @@ from ..lifecycle import (
     Refused,
 )
 from ..stores.base import Store
+from .reconcile import RECONCILED, Reconcile, reconcile_lost
 from .watchdog import BodyTimedOut, LeaseCancelled, Watchdog
 
 log = logging.getLogger("aaa_celery.guard")
@@ -151,6 +152,8 @@ class GuardRunner:
     codec: Codec = PlainJSON()
     control: Control = _no_control
     raise_for: Callable[[Outcome], BaseException] = error_for
+    #: Asks the called system whether a lost attempt's effect happened (see ``reconcile.py``).
+    reconcile: Reconcile | None = None
 
     def run(self, call: CallSpec, worker: str, body: Body) -> Any:
         """One delivery of ``call`` by ``worker``: claim, run, record, answer."""
@@ -170,13 +173,23 @@ class GuardRunner:
                     return self.codec.decode(decision.result.value)
                 raise self.raise_for(decision.result)
             if isinstance(decision, Refused):
-                refusal = decision.result
+                refusal = self.reconciled(call, decision.result)
+                if refusal.ok:
+                    return self.codec.decode(refusal.value)
                 self.emit(refusal.event_type, refusal.attempt, error=refusal.error, message=refusal.message)
                 raise self.raise_for(refusal)
             assert isinstance(decision, Busy)
             if time.monotonic() >= busy_until:
                 raise Dropped(f"held by {decision.holder}")
             time.sleep(self.config.wait_poll_s)
+
+    def reconciled(self, call: CallSpec, refusal: Outcome) -> Outcome:
+        """The refusal as it stands once ``reconcile`` (if any) asked about an unknown outcome."""
+        if self.reconcile is None or refusal.error != "OutcomeUnknown":
+            return refusal
+        settled = reconcile_lost(self.store, call, refusal, self.reconcile, self.codec.encode)
+        self.emit(RECONCILED, refusal.attempt, ok=settled.ok, error=settled.error)
+        return settled
 
     def attempt(self, call: CallSpec, lease: Lease, body: Body) -> Any:
         """Run a claimed attempt under its watchdog and record its outcome."""

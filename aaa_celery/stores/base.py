@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from ..config import GuardConfig
 from ..errors import StoreUnavailable
-from ..lifecycle import BeginResult, CallSpec, Event, FinishResult, Lease, Outcome
+from ..lifecycle import BeginResult, CallSpec, Draft, Event, FinishResult, Lease, Outcome
 
 if TYPE_CHECKING:
     from .ops import CallRecord
@@ -117,6 +117,12 @@ class Store(abc.ABC):
         ``verdict``, atomically, with an ``aaa.tool.resolved`` event; returns the new result.
         Raises :class:`~aaa_celery.errors.NotResolvable` for any other call."""
         raise NotImplementedError(f"{type(self).__name__} cannot resolve calls")
+
+    def settle(self, call_id: str, expected: Outcome, outcome: Outcome, event: Draft) -> bool:
+        """If the call's result is ``expected``, make it ``outcome`` and append ``event``, atomically;
+        False (nothing written) if the result is another. ``outcome`` may be ``expected`` (an
+        audit only). The guard's reconciliation settles an ``OutcomeUnknown`` with it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot settle calls")
 
     def purge(self, before: float) -> int:
         """Delete the calls with a result first seen before ``before`` (store clock), with

@@ -211,6 +211,15 @@ class MemoryStore(Store):
             _Writer(rec, self.now()).append(event)
             return outcome
 
+    def settle(self, call_id: str, expected: Outcome, outcome: Outcome, event: Draft) -> bool:
+        with self._lock:
+            rec = self._calls.get(call_id)
+            if rec is None or rec.result != expected:
+                return False
+            rec.result = outcome
+            _Writer(rec, self.now()).append(event)
+            return True
+
     def purge(self, before: float) -> int:
         with self._lock:
             old = [k for k, rec in self._calls.items() if rec.result is not None and rec.registered_at < before]

@@ -497,10 +497,14 @@ class RedisStore(Store):
                     self._redis.get(self.key(call_id, "result"))
             spec = CallSpec.from_json(raw_spec) if raw_spec else CallSpec(call_id)
             outcome, event = plan_resolve(spec, Outcome.from_json(raw) if raw else None, verdict, note, by, value)
-            reply = self._op("resolve", call_id, raw, _json(outcome), *_event_args(event))
+            reply = self._op("resolve", call_id, raw, _json(outcome), *_event_args(event), "1")
             if reply[0] == "resolved":
                 return outcome
         raise RuntimeError(f"the result of {call_id!r} kept changing while it was resolved")
+
+    def settle(self, call_id: str, expected: Outcome, outcome: Outcome, event: Draft) -> bool:
+        reply = self._op("resolve", call_id, _json(expected), _json(outcome), *_event_args(event), "0")
+        return bool(reply[0] == "resolved")
 
     def purge(self, before: float) -> int:
         cutoff, purged = _ms(before), 0

@@ -495,6 +495,16 @@ class SQLStore(Store):
             conn.execute(insert_event_if_absent(self.insert, event.stamp(self.now())))
             return outcome
 
+    def settle(self, call_id: str, expected: Outcome, outcome: Outcome, event: Draft) -> bool:
+        with self._write() as conn:
+            if conn.execute(select_call_for_update(call_id)).one_or_none() is None:
+                return False
+            if self._result(conn, call_id) != expected:
+                return False
+            conn.execute(update_result(call_id, outcome))
+            conn.execute(insert_event_if_absent(self.insert, event.stamp(self.now())))
+            return True
+
     def purge(self, before: float) -> int:
         purged = 0
         while True:

@@ -220,6 +220,7 @@ class ToolHandler:
                 "guard": self.config_for(t),
                 "timeout_s": t.timeout_s,
                 "idempotency_key": t.idempotency_key,
+                "reconcile": t.reconcile,
                 "result_retry": self.result_retry,
                 "policy": self.guards,
                 "engine": engine,

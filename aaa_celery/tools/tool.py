@@ -61,6 +61,7 @@ class Tool:
         delivery: str | None = None,
         idempotency_key: Callable[[dict[str, Any]], str] | None = None,
         guard: dict[str, Any] | GuardConfig | None = None,
+        reconcile: Callable[[dict[str, Any], ToolContext], Any] | None = None,
     ) -> None:
         if not callable(fn):
             raise ConfigError(f"tool: expected a function, got {type(fn).__name__}")
@@ -81,6 +82,11 @@ class Tool:
                 "e.g. idempotency_key=lambda a: f\"refund:{a['order_id']}\""
             )
         self.idempotency_key = idempotency_key
+        if reconcile is not None and not callable(reconcile):
+            raise ConfigError("reconcile: must be a function of (arguments, ctx) that returns "
+                              "Happened(value), NotHappened(reason) or None")
+        #: Asks the called system whether a lost at_most_once attempt's effect happened.
+        self.reconcile = reconcile
         self.guard_overrides = validate_overrides(guard)
         if self._delivery is not None:
             self.guard_overrides["delivery"] = self._delivery

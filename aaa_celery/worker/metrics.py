@@ -50,7 +50,7 @@ from celery.signals import task_postrun, worker_process_init
 from ..config import GuardConfig
 from ..errors import ConfigError
 from ..lifecycle import COMPLETED, FAILED, FENCED, RETRIED, STALE_RESULT, STARTED, BeginResult, CallSpec, Claimed
-from ..lifecycle import Event, FinishResult, Lease, Outcome
+from ..lifecycle import Draft, Event, FinishResult, Lease, Outcome
 from ..stores.base import Store
 from .stores import app_store, use_store
 
@@ -300,6 +300,9 @@ class MeteredStore(Store):
 
     def purge(self, before: float) -> int:
         return self.inner.purge(before)
+
+    def settle(self, call_id: str, expected: Outcome, outcome: Outcome, event: Draft) -> bool:
+        return bool(self._timed("settle", self.inner.settle, call_id, expected, outcome, event))
 
     def close(self) -> None:
         self.inner.close()

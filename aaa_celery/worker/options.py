@@ -53,6 +53,9 @@ class GuardOptions:
     result_retry: ClassVar[RetryPolicy] = RetryPolicy()
     #: The call's name in the audit trail (the tool name for tools).
     audit_name: ClassVar[str | None] = None
+    #: ``reconcile(arguments, ctx)``: asks the called system whether a lost at_most_once
+    #: attempt's effect happened (``aaa_celery.guard.reconcile``).
+    reconcile: ClassVar[Any] = None
 
     _options: ClassVar[TaskOptions] = TaskOptions({})
     _aaa_config: ClassVar[GuardConfig | None] = None
@@ -61,6 +64,9 @@ class GuardOptions:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls._options = TaskOptions.of(cls.__dict__, cls)
+        if cls.__dict__.get("reconcile") is not None and not callable(cls.__dict__["reconcile"]):
+            raise ConfigError("reconcile: must be a function of (arguments, ctx) that returns "
+                              "Happened(value), NotHappened(reason) or None")
         cls._aaa_config = None
         cls._aaa_signature = None
         if "run" in cls.__dict__ and "__header__" in cls.__dict__:
@@ -85,3 +91,12 @@ class GuardOptions:
         if cls._aaa_signature is None:
             cls._aaa_signature = calls.Signature(self.run)  # type: ignore[attr-defined]
         return cls._aaa_signature
+
+
+def reconcile_step(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ctx_for: Any) -> Any:
+    """The task's ``reconcile`` bound to one call (None if it has none): called with the lost
+    attempt's number, it calls ``reconcile(arguments, ctx_for(attempt))``."""
+    fn = type(task).reconcile
+    if fn is None:
+        return None
+    return lambda attempt: fn(task.arguments(args, kwargs), ctx_for(attempt))

@@ -26,7 +26,7 @@ from .codec import CODEC
 from .control import REPLACED, control_for, raise_for
 from .events import TaskEvents
 from .install import attach
-from .options import GuardOptions
+from .options import GuardOptions, reconcile_step
 from .stores import app_store
 
 log = logging.getLogger("aaa_celery.worker")
@@ -120,7 +120,8 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
         call = calls.call_spec(self.name, self.audit_name or self.name, req.id, key, list(args), dict(kwargs),
                                queue, headers)
         runner = GuardRunner(app_store(self.app), config, self.timeout_s, type(self).result_retry,
-                             TaskEvents(self, self.audit_name or self.name), CODEC, control_for(req), raise_for)
+                             TaskEvents(self, self.audit_name or self.name), CODEC, control_for(req), raise_for,
+                             reconcile_step(self, args, kwargs, lambda attempt: calls.context(req, key, attempt)))
         worker = f"{req.hostname}/{os.getpid()}/{threading.get_ident()}"
         try:
             return runner.run(call, worker, lambda attempt: self.body(args, kwargs, calls.context(req, key, attempt)))

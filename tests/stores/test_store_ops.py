@@ -143,3 +143,22 @@ def test_purge_deletes_finished_calls_seen_before_the_cutoff_only(store_factory)
     assert store.result(old_done.call_id) is None and store.events(old_done.call_id) == []
     assert store.result(new_done.call_id) == Outcome.success(2, 1)
     assert store.purge(cutoff) == 0
+
+
+def test_settle_replaces_only_the_expected_result_and_audits(store_factory, lose_lease):
+    from aaa_celery.lifecycle import Draft
+
+    store = store_factory()
+    call = new_call("pay")
+    amo = config(lease_ttl_s=SHORT_TTL_S, delivery=Delivery.AT_MOST_ONCE)
+    lose_lease(store, claim(store, call, "w1", amo).lease)
+    unknown = store_factory().begin(call, "w2", amo).result
+    event = Draft(f"{call.call_id}:reconciled", "aaa.tool.reconciled", call.call_id, 1, {"found": "happened"})
+    other = Outcome.failure("ToolError", "not this one", 1)
+
+    assert not store.settle(call.call_id, other, Outcome.success(1, 1), event)
+    assert store.settle(call.call_id, unknown, Outcome.success({"v": 1}, 1), event)
+    assert not store.settle(call.call_id, unknown, Outcome.success(2, 1), event)
+    assert store.result(call.call_id) == Outcome.success({"v": 1}, 1)
+    assert [e.data for e in store.events(call.call_id) if e.type == "aaa.tool.reconciled"] == [{"found": "happened"}]
+    assert call_state(records(store)[call.call_id]) == "completed"  # not an operator's resolution

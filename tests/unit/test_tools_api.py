@@ -43,6 +43,7 @@ def test_signatures_and_defaults_match_the_spec():
     assert defaults == {
         "name": None, "description": None, "requires_approval": False, "timeout_s": 60.0,
         "pool": "default", "delivery": None, "idempotency_key": None, "guard": None,
+        "reconcile": None,  # issue 14: asks the called system before OutcomeUnknown
     }
     handler = inspect.signature(ToolHandler).parameters
     assert [k for k in handler] == ["registry", "pools", "guard", "result_retry", "guards"]

@@ -3,7 +3,9 @@
 --
 -- KEYS: the call keys of _lib.lua.
 -- ARGV[1] call id     ARGV[2] the result JSON the verdict was decided on
--- ARGV[3] the new Outcome JSON     ARGV[4], ARGV[5] id and JSON of the aaa.tool.resolved event
+-- ARGV[3] the new Outcome JSON     ARGV[4], ARGV[5] id and JSON of the audit event
+--   (aaa.tool.resolved, aaa.tool.reconciled)
+-- ARGV[6] "1": an operator's resolution (the spec's field resolved is set), "0": not
 -- Touches: result (its TTL kept), spec (field resolved), events.
 -- Returns {"resolved"} | {"changed", current result JSON or nil}: the result is no longer
 -- the one the verdict was decided on, and nothing was written.
@@ -14,6 +16,8 @@ if result ~= ARGV[2] then
   return {'changed', result}
 end
 redis.call('SET', RESULT, ARGV[3], 'KEEPTTL')
-redis.call('HSET', SPEC, 'resolved', '1')
+if ARGV[6] == '1' then
+  redis.call('HSET', SPEC, 'resolved', '1')
+end
 push_event(ARGV[4], ARGV[5], at)
 return {'resolved'}
