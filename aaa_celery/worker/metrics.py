@@ -2,7 +2,8 @@
 
 Turned on per worker by a port: the app setting ``aaa_metrics_port``, or the environment
 variable ``AAA_METRICS_PORT`` (one per worker process on a host), and optionally
-``aaa_metrics_addr`` (default ``127.0.0.1``; ``0.0.0.0`` to be scraped from elsewhere).
+``aaa_metrics_addr`` or ``AAA_METRICS_ADDR`` (default ``127.0.0.1``; ``0.0.0.0`` to be
+scraped from elsewhere).
 The worker's main process then serves ``http://<addr>:<port>/metrics``.
 
 **Prefork.** The pool's children run the calls, so the metrics use prometheus-client's
@@ -56,7 +57,8 @@ from .stores import app_store, use_store
 
 log = logging.getLogger("aaa_celery.worker")
 
-PORT_SETTING, ADDR_SETTING, PORT_ENV = "aaa_metrics_port", "aaa_metrics_addr", "AAA_METRICS_PORT"
+PORT_SETTING, ADDR_SETTING = "aaa_metrics_port", "aaa_metrics_addr"
+PORT_ENV, ADDR_ENV = "AAA_METRICS_PORT", "AAA_METRICS_ADDR"
 #: The worker's node name, recorded before the pool forks (children label store metrics with it).
 HOSTNAME_SETTING = "aaa_metrics_hostname"
 RECONCILED = "aaa.tool.reconciled"
@@ -344,7 +346,7 @@ class MetricsStep(bootsteps.StartStopStep):  # type: ignore[misc]
         if self.port is None or self.server is not None:
             return
         meter_store(worker.app)  # the main process: recovery sweeps, and the calls of solo/threads pools
-        addr = str(worker.app.conf.get(ADDR_SETTING) or "127.0.0.1")
+        addr = str(os.environ.get(ADDR_ENV) or worker.app.conf.get(ADDR_SETTING) or "127.0.0.1")
         self.server = serve(self.port, addr, self.path)
         log.info("aaa: metrics on http://%s:%s/metrics (samples in %s)", addr, self.port, self.path)
 

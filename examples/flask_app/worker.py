@@ -20,6 +20,7 @@ app.conf.update(
     result_serializer="json",
     accept_content=["json"],
     worker_prefetch_multiplier=1,
-    aaa_store_url=url,
+    # the guard's store: the same Redis, or AAA_STORE_URL (examples/fleet.sh: PostgreSQL)
+    aaa_store_url=os.environ.get("AAA_STORE_URL") or url,
 )
 handler.bind(app)
