@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from . import metrics
+from . import metrics, tracing
 
 log = logging.getLogger("aaa_celery.worker")
 
@@ -38,11 +38,15 @@ class TaskEvents:
     def __init__(self, task: Any, tool: str) -> None:
         self.task, self.tool = task, tool
         self.enabled = bool(task.app.conf.get(TASK_EVENTS_SETTING))
-        self.observe = metrics.observer(task)  # None unless the worker serves metrics
+        # Metrics (a worker with a metrics port) and attempt spans (aaa_tracing) see every event.
+        self.observers = [o for o in (metrics.observer(task), tracing.observer(task)) if o is not None]
 
     def __call__(self, audit_type: str, attempt: int | None, **fields: Any) -> None:
-        if self.observe is not None:
-            self.observe(audit_type, attempt, fields)
+        for observe in self.observers:
+            try:
+                observe(audit_type, attempt, fields)
+            except Exception as e:  # noqa: BLE001 - monitoring never fails a call
+                log.warning("aaa: could not observe %s: %r", audit_type, e)
         if not self.enabled:
             return
         try:

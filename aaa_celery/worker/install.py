@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery.signals import before_task_publish, task_revoked, worker_process_init
+from celery.signals import before_task_publish, task_postrun, task_revoked, worker_process_init
 
 from .bootstep import RecoveryStep
 from .metrics import MetricsStep
@@ -22,6 +22,7 @@ from .publish import on_before_publish
 from .revoke import on_task_revoked
 from .settings import check_settings
 from .stores import forget_inherited
+from .tracing import close_open_span
 
 
 def _reopen_after_fork(**_: object) -> None:
@@ -39,6 +40,7 @@ def attach(app: Any) -> Any:
     worker_process_init.connect(_reopen_after_fork, weak=False, dispatch_uid="aaa_celery.reopen_after_fork")
     before_task_publish.connect(on_before_publish, weak=False, dispatch_uid="aaa_celery.capture_message")
     task_revoked.connect(on_task_revoked, weak=False, dispatch_uid="aaa_celery.record_revoked")
+    task_postrun.connect(close_open_span, weak=False, dispatch_uid="aaa_celery.tracing.close_open_span")
     return app
 
 
