@@ -9,6 +9,7 @@ from .errors import (
     ConfigError,
     ExecutionAbandoned,
     OutcomeUnknown,
+    PolicyDenied,
     StoreError,
     StoreUnavailable,
     ToolArgsError,
@@ -43,6 +44,7 @@ __all__ = [
     "ToolTimeout",
     "OutcomeUnknown",
     "ExecutionAbandoned",
+    "PolicyDenied",
     "StoreError",
     "StoreUnavailable",
 ]

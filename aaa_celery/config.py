@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ConfigError
+from .policy import AnyRule, describe_error
 
 
 class Delivery(StrEnum):
@@ -185,10 +186,20 @@ class GuardPolicy(BaseModel):
 
     Arguments are checked before a call is stored or sent, and by the worker before
     the tool runs; results after. An oversized or forbidden call becomes a
-    ``ToolArgsError`` fact, never a crash.
+    ``ToolArgsError`` fact, never a crash. ``denied_tools``, ``default_access`` and
+    ``rules`` (see :mod:`aaa_celery.policy`) are checked before a call is stored or sent,
+    and again in the worker before an attempt is claimed (rate limits and budgets are
+    counted there): a refused call becomes a ``PolicyDenied`` fact naming the rule, and no
+    attempt is taken.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise ConfigError(describe_error(e, "GuardPolicy")) from None
 
     max_args_bytes: int = Field(default=256 * 1024, gt=0)
     """Largest size of a call's arguments, in UTF-8 bytes of their compact JSON. Checked
@@ -206,3 +217,9 @@ class GuardPolicy(BaseModel):
 
     denied_tools: frozenset[str] = frozenset()
     """Tool names the model may not call, whatever the registry holds."""
+
+    rules: tuple[Annotated[AnyRule, Field(discriminator="kind")], ...] = ()
+    """Allow/Deny, Where, RateLimit and Budget rules (:mod:`aaa_celery.policy`), in order."""
+
+    default_access: Literal["allow", "deny"] = "allow"
+    """What a call that no Allow/Deny rule matches gets: ``deny`` makes the rules an allow-list."""

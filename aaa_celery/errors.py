@@ -56,6 +56,10 @@ class ExecutionAbandoned(ToolError):
     """The call kept losing its worker and reached max_attempts; it was abandoned."""
 
 
+class PolicyDenied(ToolError):
+    """The handler's guard policy refused this call; ``rule`` names the rule."""
+
+
 class ApprovalDenied(ToolError):
     """A person denied this call."""
 
@@ -112,5 +116,6 @@ TOOL_ERRORS: dict[str, type[ToolError]] = {
         ExecutionAbandoned,
         ApprovalDenied,
         ApprovalExpired,
+        PolicyDenied,
     )
 }

@@ -2,7 +2,7 @@
 
 from ..config import Delivery, GuardConfig, GuardPolicy, LostLease, RetryPolicy
 from ..context import ToolContext
-from ..errors import ExecutionAbandoned, OutcomeUnknown, ToolArgsError, ToolError
+from ..errors import ExecutionAbandoned, OutcomeUnknown, PolicyDenied, ToolArgsError, ToolError
 from .handler import ToolHandler
 from .registry import ToolRegistry
 from .search import Index, search_tool
@@ -31,4 +31,5 @@ __all__ = [
     "ToolArgsError",
     "OutcomeUnknown",
     "ExecutionAbandoned",
+    "PolicyDenied",
 ]

@@ -16,6 +16,7 @@ from ..worker import GuardedTask, install
 from ..worker import app_store as store_of
 from ..worker import use_store
 from ..worker.calls import default_key
+from . import rules
 from .registry import ToolRegistry
 from .secrets import require_sealer, seal, sealer_for, unseal
 from .tool import Tool
@@ -60,6 +61,7 @@ class ToolTask(GuardedTask):
         tool = type(self).tool
         args, kwargs = tuple(args or ()), dict(kwargs or {})
         checked = tool.check(self._raw(args, kwargs, True), type(self).policy)
+        rules.judge_send(self, checked.canonical, task_id)  # the policy's rules, before anything is sent
         sent = seal(checked.canonical, tool.secrets, require_sealer(self.app, tool.name, tool.secrets)) \
             if tool.secrets else checked.canonical
         positional = "arguments" not in kwargs and bool(args)
@@ -79,6 +81,11 @@ class ToolTask(GuardedTask):
             raise ToolArgsError(f"{tool.name}: this tool is denied by the handler's guard policy")
         ctx.engine = type(self).engine
         return tool.invoke(arguments, ctx, policy)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.request.called_directly:
+            rules.judge_delivery(self, args, kwargs)  # before the guard claims an attempt
+        return super().__call__(*args, **kwargs)
 
     def run(self, arguments: dict[str, Any] | None = None) -> Any:  # pragma: no cover - body() runs tools
         raise NotImplementedError

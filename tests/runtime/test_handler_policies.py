@@ -40,7 +40,7 @@ def wipe() -> str:
     return "wiped"
 
 
-def test_guard_policy_denies_a_tool_and_oversized_arguments_as_tool_args_errors():
+def test_guard_policy_denies_a_tool_as_policy_denied_and_oversized_arguments_as_tool_args_errors():
     policy = GuardPolicy(denied_tools=frozenset({"wipe"}), max_args_bytes=64)
     _, outcome, _ = run_with(
         ToolHandler(ToolRegistry([shout, wipe]), guards=policy),
@@ -49,7 +49,7 @@ def test_guard_policy_denies_a_tool_and_oversized_arguments_as_tool_args_errors(
         ("shout", {"text": "ok"}),
     )
     denied, oversized, fine = outcome.value["text"].split(" | ")
-    assert denied.startswith("ToolArgsError: wipe: this tool is denied")
+    assert denied.startswith("PolicyDenied: wipe: denied by the guard policy's rule 'denied_tools': this tool is denied")
     assert oversized.startswith("ToolArgsError: shout: arguments larger than 64 bytes")
     assert fine == "OK"
 

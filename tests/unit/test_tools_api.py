@@ -19,7 +19,7 @@ def test_public_names_of_aaa_celery_tools_are_frozen():
             "Tool", "ToolRegistry", "tool", "search_tool", "Index", "Secret",
             "ToolHandler", "ToolContext",
             "GuardConfig", "Delivery", "LostLease", "RetryPolicy", "GuardPolicy",
-            "ToolError", "ToolArgsError", "OutcomeUnknown", "ExecutionAbandoned",
+            "ToolError", "ToolArgsError", "OutcomeUnknown", "ExecutionAbandoned", "PolicyDenied",
         ]
     )
     for name in tools.__all__:
@@ -32,7 +32,7 @@ def test_public_names_of_aaa_celery_are_frozen():
             "GuardedTask", "install", "open_store", "Store",
             "GuardConfig", "Delivery", "LostLease", "RetryPolicy", "GuardPolicy", "ToolContext",
             "AAACeleryError", "ConfigError", "ToolError", "ToolArgsError", "ToolTimeout",
-            "OutcomeUnknown", "ExecutionAbandoned", "StoreError", "StoreUnavailable",
+            "OutcomeUnknown", "ExecutionAbandoned", "PolicyDenied", "StoreError", "StoreUnavailable",
         ]
     )
 

@@ -3,7 +3,8 @@ run in real ``celery worker`` processes. Configured from environment variables:
 
 - ``AAA_TRUST_BROKER``: broker URL (required); also the result backend and the store.
 - ``AAA_TRUST_ACCEPT``: ``accept_content``, comma separated (default ``json``).
-- ``AAA_TRUST_BUDGET``: the refund budget per customer and day (default 5).
+- ``AAA_TRUST_BUDGET``: the refund budget per customer and day (default 5), a
+  ``Budget`` rule of the refund tool's ``GuardPolicy``.
 
 Every body appends ``start`` to the ledger (on the broker's Redis) when it runs.
 """
@@ -19,6 +20,7 @@ from celery import Celery
 from kombu import Queue
 
 from aaa_celery import GuardedTask, GuardPolicy, ToolContext
+from aaa_celery.policy import Budget, Where
 from aaa_celery.testing import Ledger
 from aaa_celery.tools import ToolHandler, ToolRegistry, tool
 
@@ -56,7 +58,19 @@ def make_app(env: Mapping[str, str]) -> Celery:
         record("start", ctx)
         return text
 
-    ToolHandler(ToolRegistry([echo]), guards=GuardPolicy()).bind(app)
+    @tool
+    def refund(customer_id: str, amount: int, ctx: ToolContext) -> str:
+        """Refund a customer (slowly, so that calls overlap)."""
+        record("start", ctx, customer_id=customer_id, amount=amount)
+        time.sleep(0.3)
+        return f"refunded {amount} to {customer_id}"
+
+    policy = GuardPolicy(rules=[
+        Where(tools="refund", check="amount <= 500"),
+        Budget(tools="refund", amount="amount", limit=float(env.get("AAA_TRUST_BUDGET") or 5), by="customer_id",
+               name="refunds per customer and day"),
+    ])
+    ToolHandler(ToolRegistry([echo, refund]), guards=policy).bind(app)
     return app
 
 

@@ -1,0 +1,71 @@
+"""Where a ``ToolHandler``'s guard policy (:mod:`aaa_celery.policy`) is enforced.
+
+* :func:`judge_send`: when a tool's task is sent (``apply_async``: the engine, a
+  ``ToolTaskHandle``, a canvas), before anything is stored or published. Access rules and
+  argument constraints only; a refused call raises ``PolicyDenied`` to the sender (the
+  engine turns it into the call's failed fact).
+* :func:`judge_delivery`: in the worker, before the guard claims an attempt. Every rule,
+  counting the rate limits and budgets in the store, once per call. A refused call's one
+  outcome becomes that ``PolicyDenied`` (store and result backend), and no attempt is taken.
+
+Rules judge the arguments as the tool's schema validates them (``"0100"`` for an ``int``
+is 100). Arguments that do not validate are left to the tool, which fails the call with a
+``ToolArgsError`` without running.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery.exceptions import Reject
+
+from ..errors import InvalidId, PolicyDenied, StoreUnavailable, ToolArgsError
+from ..policy import admit, check
+from ..protocol import RUN_HEADER, TENANT_HEADER, check_call, tenant_of
+from ..worker import app_store
+from ..worker.messages import record_failure
+
+
+def _polices(policy: Any) -> bool:
+    return bool(policy.rules or policy.denied_tools or policy.default_access != "allow")
+
+
+def _validated(task: Any, args: Any, kwargs: Any) -> dict[str, Any] | None:
+    """The delivery's arguments, checked and canonical (secrets unsealed), or None."""
+    tool = type(task).tool
+    try:
+        return tool.check(task._raw(args, kwargs, True), type(task).policy).canonical  # type: ignore[no-any-return]
+    except ToolArgsError:
+        return None
+
+
+def judge_send(task: Any, arguments: dict[str, Any], task_id: str | None) -> None:
+    """Raise ``PolicyDenied`` if the policy's access rules or argument constraints refuse
+    this call of ``task`` (a ``ToolTask``) as it is sent; ``arguments`` are checked already."""
+    policy = type(task).policy
+    if _polices(policy):
+        check(policy, type(task).tool.name, tenant_of(task_id) if task_id else None, arguments)
+
+
+def judge_delivery(task: Any, args: Any, kwargs: Any) -> None:
+    """Judge the delivery being run by every rule of the policy, before an attempt is
+    claimed. A refused call is recorded (no attempt) and ``PolicyDenied`` raised; a call
+    that has an outcome already goes on, and the guard answers with that outcome."""
+    policy, req = type(task).policy, task.request
+    if not _polices(policy):
+        return
+    try:
+        identity = check_call(req.id, getattr(req, TENANT_HEADER, None), getattr(req, RUN_HEADER, None))
+    except InvalidId:
+        return  # the guard drops a message that names another tenant, writing nothing
+    arguments = _validated(task, args, kwargs)
+    if arguments is None:
+        return
+    store = app_store(task.app)
+    try:
+        admit(policy, type(task).tool.name, identity.tenant if identity else None, arguments, req.id, store.spend)
+    except PolicyDenied as denied:
+        if record_failure(task.app, task, req.id, denied):
+            raise
+    except StoreUnavailable as e:
+        raise Reject(f"aaa store unavailable while counting the policy's budgets: {e}", requeue=True) from None
