@@ -141,11 +141,13 @@ def resolve(ctx: click.Context, call_id: str, verdict: str, note: str, value: st
 
 @aaa.command()
 @click.option("--ping-timeout", default=1.0, show_default=True, help="Seconds to wait for workers' pings.")
+@click.option("--flask-app", help="module:app (or module:create_app) of the Flask app serving the agent-run "
+              "routes, to check its AUTHORIZE hook (Django: read from DJANGO_SETTINGS_MODULE).")
 @click.pass_context
-def doctor(ctx: click.Context, ping_timeout: float) -> None:
+def doctor(ctx: click.Context, ping_timeout: float, flask_app: str | None) -> None:
     """Check the app's settings and deployment against what the guard's guarantees need.
     Exits 1 if a check fails."""
-    checks = doctor_checks.diagnose(_app(ctx), ping_timeout_s=ping_timeout)
+    checks = doctor_checks.diagnose(_app(ctx), ping_timeout_s=ping_timeout, flask_app=flask_app)
     for check in checks:
         click.echo(check.line())
     if any(c.status == "fail" for c in checks):

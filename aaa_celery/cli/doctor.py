@@ -7,6 +7,7 @@ that the app's guarded tasks use, and, where it can be asked, the fleet.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -93,6 +94,75 @@ def check_visibility_timeout(app: Any, tasks: list[Any]) -> Check:
     return Check("pass", "visibility_timeout", f"{vt:g} s, above lease TTLs ({ttl:g} s) and timeouts ({longest:g} s)")
 
 
+#: RabbitMQ's default ``consumer_timeout`` (ms): a delivery unacked that long closes the channel.
+RABBITMQ_CONSUMER_TIMEOUT_MS = 1_800_000
+
+
+def check_consumer_timeout(app: Any, tasks: list[Any]) -> Check | None:
+    """RabbitMQ: a task that runs past ``consumer_timeout`` has its channel closed and its
+    message redelivered while it still runs (celery-facts §8). The timeout is the queues'
+    ``x-consumer-timeout`` argument, else the app setting ``aaa_rabbitmq_consumer_timeout_s``
+    (what the server is configured with), else RabbitMQ's default, 30 minutes."""
+    broker = str(app.conf.broker_url or "")
+    if not broker.startswith(("amqp", "pyamqp", "amqps")):
+        return None
+    per_queue = [int(a["x-consumer-timeout"]) for q in (app.conf.task_queues or [])
+                 if (a := getattr(q, "queue_arguments", None) or {}).get("x-consumer-timeout")]
+    configured = app.conf.get("aaa_rabbitmq_consumer_timeout_s")
+    limit_ms = min(per_queue) if per_queue else (
+        int(float(configured) * 1000) if configured else RABBITMQ_CONSUMER_TIMEOUT_MS)
+    guarded = _enabled(tasks)
+    too_long = sorted(t.name for t in guarded if t.timeout_s and t.timeout_s * 1000 >= limit_ms)
+    unbounded = sorted(t.name for t in guarded if not t.timeout_s)
+    name = "rabbitmq consumer_timeout"
+    if too_long:
+        return Check("fail", name, f"{too_long} may run past consumer_timeout ({limit_ms / 1000:g} s): RabbitMQ "
+                     "closes the channel and redelivers the call while it runs; raise consumer_timeout "
+                     "(or x-consumer-timeout) above every timeout_s")
+    if unbounded:
+        return Check("warn", name, f"{unbounded} have no timeout_s: one running past consumer_timeout "
+                     f"({limit_ms / 1000:g} s) is redelivered while it runs")
+    return Check("pass", name, f"every timeout_s is below consumer_timeout ({limit_ms / 1000:g} s)")
+
+
+def _import(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    obj = __import__(module, fromlist=["_"])
+    for part in (attr or "app").split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def check_web_authorize(flask_app: str | None = None) -> Check | None:
+    """The agent-run web routes need an ``AUTHORIZE`` hook; ``ALLOW_ANONYMOUS`` lets anyone
+    approve calls (development only). Reads the Flask app ``flask_app`` (``module:app`` or
+    ``module:create_app``), else the Django settings named by ``DJANGO_SETTINGS_MODULE``."""
+    name = "web authorize"
+    if flask_app:
+        try:
+            app = _import(flask_app)
+            if not hasattr(app, "config"):
+                app = app()
+        except AAACeleryError as e:  # init_app refuses routes without a hook
+            return Check("fail", name, f"{flask_app}: {e}")
+        authorize, anonymous = app.config.get("AAA_CELERY_AUTHORIZE"), app.config.get("AAA_CELERY_ALLOW_ANONYMOUS")
+        where = f"{flask_app} AAA_CELERY_AUTHORIZE"
+    elif os.environ.get("DJANGO_SETTINGS_MODULE"):
+        from django.conf import settings
+
+        config = getattr(settings, "AAA_CELERY", None) or {}
+        authorize, anonymous = config.get("AUTHORIZE"), config.get("ALLOW_ANONYMOUS")
+        where = "AAA_CELERY['AUTHORIZE']"
+    else:
+        return None
+    if authorize:
+        return Check("pass", name, f"{where} is set")
+    if anonymous:
+        return Check("fail", name, f"{where} is unset and ALLOW_ANONYMOUS is on: anyone who reaches the pages "
+                     "may see runs and approve calls; set an authorize(request, run, call) hook")
+    return Check("fail", name, f"{where} is unset: the routes refuse to load; set an authorize hook")
+
+
 def _server_now(store: Store) -> float:
     """The store server's own clock: Redis TIME, PostgreSQL clock_timestamp(), else the store's."""
     engine = getattr(store, "engine", None)
@@ -161,11 +231,14 @@ def _safe(url: str) -> str:
     return f"{scheme}{sep}{creds.partition(':')[0]}:***@{host}"
 
 
-def diagnose(app: Any, *, ping_timeout_s: float = 1.0) -> list[Check]:
-    """Every check, in order."""
+def diagnose(app: Any, *, ping_timeout_s: float = 1.0, flask_app: str | None = None) -> list[Check]:
+    """Every check, in order (those that do not apply to this deployment are left out)."""
     tasks = guarded_tasks(app)
     checks = [check(app, tasks) for check in (check_acks_late, check_reject_on_worker_lost, check_serializers,
                                                check_prefetch, check_visibility_timeout)]
+    rabbit = check_consumer_timeout(app, tasks)
+    if rabbit is not None:
+        checks.append(rabbit)
     store, error = None, None
     try:
         store = app_store(app)
@@ -179,4 +252,7 @@ def diagnose(app: Any, *, ping_timeout_s: float = 1.0) -> list[Check]:
             checks.append(aof)
         checks.append(check_clock(store))
     checks.append(check_node_names(app, ping_timeout_s))
+    web = check_web_authorize(flask_app)
+    if web is not None:
+        checks.append(web)
     return checks

@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..lifecycle import COMPLETED, FAILED, FENCED, RETRIED, STALE_RESULT, STARTED, Event, Outcome
+from ..guard.reconcile import RECONCILED
 from ..stores.ops import IN_DOUBT, RESOLVED
 
 #: What ended an attempt, by the event that says so.
@@ -31,7 +32,7 @@ def timeline(call_id: str, events: list[Event], result: Outcome | None) -> dict[
     """The call as JSON data: its attempts (worker, pid, start, end, fence and how each
     ended), lease events, result, fenced and stale results, and resolutions."""
     attempts: dict[int, dict[str, Any]] = {}
-    lease_events, stale, resolutions = [], [], []
+    lease_events, stale, resolutions, reconciliations = [], [], [], []
     name = ""
     for e in events:
         name = name or str(e.data.get("name") or "")
@@ -42,6 +43,9 @@ def timeline(call_id: str, events: list[Event], result: Outcome | None) -> dict[
                                    "pid": pid, "start": e.at, "end": None, "ended": "running or lost"}
         elif e.type == RESOLVED:
             resolutions.append({"at": e.at, **e.data})
+            continue
+        elif e.type == RECONCILED:
+            reconciliations.append({"at": e.at, "attempt": e.attempt, **e.data})
             continue
         if e.type in (FENCED, RETRIED):
             lease_events.append({"at": e.at, "type": e.type, "attempt": e.attempt})
@@ -68,6 +72,7 @@ def timeline(call_id: str, events: list[Event], result: Outcome | None) -> dict[
         "result": None if result is None else result.__dict__,
         "stale_results": stale,
         "resolutions": resolutions,
+        "reconciliations": reconciliations,
         "events": [e.__dict__ for e in events],
     }
 
@@ -108,6 +113,10 @@ def render(story: dict[str, Any]) -> str:
         lines.append(f"result: completed by attempt {result['attempt']}: {result['value']!r}")
     else:
         lines.append(f"result: {result['error']}: {result['message']}")
+    for r in story["reconciliations"]:
+        said = {"happened": f"the effect happened: {r.get('value')!r}", "not_happened": "the effect did not happen",
+                "unknown": "the called system could not tell", "error": f"the reconcile step failed: {r.get('error')}"}
+        lines.append(f"reconciled: {when(r['at'])} {said.get(r.get('found'), r.get('found'))}")
     for r in story["resolutions"]:
         lines.append(f"resolved: {when(r['at'])} as {r['as']} by {r['by']}: {r['note']}")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from aaa_celery.config import Delivery, GuardConfig
 from aaa_celery.errors import OutcomeUnknown
-from aaa_celery.guard import GuardRunner
+from aaa_celery.guard import GuardRunner, Happened
 from aaa_celery.lifecycle import Claimed, Outcome
 from aaa_celery.stores import open_store
 
@@ -55,7 +55,7 @@ def spec(call_id: str, name: str, tenant: str | None = None):
 def record_calls(url: str) -> dict[str, str]:
     """Record the four kinds of call in the store at ``url`` through the guard's runner."""
     store = open_store(url)
-    ids = {k: new_id(k) for k in ("completed", "takeover", "unknown", "fenced")}
+    ids = {k: new_id(k) for k in ("completed", "takeover", "unknown", "fenced", "reconciled")}
     amo = GuardConfig(delivery=Delivery.AT_MOST_ONCE, lease_ttl_s=0.3)
     alo = GuardConfig(lease_ttl_s=10)
     # A completed call.
@@ -72,6 +72,11 @@ def record_calls(url: str) -> dict[str, str]:
     lose_lease(store, lost.lease)
     with pytest.raises(OutcomeUnknown):
         GuardRunner(other, amo).run(spec(ids["unknown"], "refund", "acme"), "hostB/222/1", lambda n: None)
+    # A reconciled call: an at_most_once attempt lost its lease, and the reconcile step found the effect.
+    lost = store.begin(spec(ids["reconciled"], "refund"), "hostA/111/1", amo)
+    lose_lease(store, lost.lease)
+    found = GuardRunner(other, amo, reconcile=lambda attempt: Happened({"refund": "re_1"}))
+    assert found.run(spec(ids["reconciled"], "refund"), "hostB/222/1", lambda n: None) == {"refund": "re_1"}
     # A fenced call: attempt 1 lost its lease to attempt 2 and was cancelled.
     old = store.begin(spec(ids["fenced"], "report"), "hostA/111/1", SHORT)
     lose_lease(store, old.lease)
@@ -117,6 +122,11 @@ def test_show_tells_each_kind_of_call_in_both_forms(recorded):
     assert unknown["state"] == "unknown" and unknown["result"]["error"] == "OutcomeUnknown"
     assert unknown["attempts"][0]["ended"] == "lost (OutcomeUnknown)"
 
+    reconciled = json.loads(cli("show", recorded["reconciled"], "--json").output)
+    assert reconciled["state"] == "completed" and reconciled["result"]["value"] == {"refund": "re_1"}
+    assert [r["found"] for r in reconciled["reconciliations"]] == ["happened"]
+    assert "reconciled:" in cli("show", recorded["reconciled"]).output
+
     human = cli("show", recorded["takeover"])
     assert human.exit_code == 0
     assert "attempt  fence  worker" in human.output and "hostB" in human.output
@@ -136,6 +146,7 @@ def test_calls_filters_by_state_tool_tenant_and_time(recorded):
     assert recorded["completed"] not in ids("--state", "unknown")
     assert {recorded["completed"], recorded["takeover"], recorded["fenced"]} <= set(ids("--state", "completed"))
     assert recorded["unknown"] in ids("--tool", "refund") and recorded["completed"] not in ids("--tool", "refund")
+    assert recorded["reconciled"] in ids("--state", "completed", "--tool", "refund")
     assert set(ids("--tenant", "acme")) >= {recorded["completed"], recorded["unknown"]}
     assert recorded["takeover"] not in ids("--tenant", "acme")
     assert len(ids("--limit", "2")) == 2

@@ -170,3 +170,26 @@ def test_two_workers_with_one_node_name_fail(healthy, tmp_path):
     finally:
         twin.stop()
     assert code == 1 and statuses["worker node names"] == "fail" and "d1@doctor" in output
+
+
+def test_rabbitmq_consumer_timeout_below_a_task_timeout_fails(healthy):
+    from aaa_celery.cli.doctor import check_consumer_timeout, guarded_tasks
+
+    with setting(broker_url="amqp://guest@127.0.0.1:1//"):
+        tasks = guarded_tasks(app)
+        bounded = [t for t in tasks if t.timeout_s]
+        assert check_consumer_timeout(app, bounded).status == "pass"  # report: 60 s < 30 min
+        unbounded = check_consumer_timeout(app, tasks)  # refund has no timeout_s
+        assert unbounded.status == "warn" and "refund" in unbounded.detail
+        with setting(aaa_rabbitmq_consumer_timeout_s=30):
+            check = check_consumer_timeout(app, tasks)
+        assert check.status == "fail" and "report" in check.detail
+    assert check_consumer_timeout(app, tasks) is None  # a Redis broker has none
+
+
+@pytest.mark.parametrize(("web_app", "status"), [("guarded", "pass"), ("anonymous", "fail"), ("unset", "fail")])
+def test_web_routes_without_an_authorize_hook_fail(healthy, web_app, status):
+    result = cli("doctor", "--ping-timeout", "1.5", "--flask-app", f"tests.cli.web_apps:{web_app}")
+    line = next(line for line in result.output.splitlines() if "web authorize" in line)
+    assert line.lower().startswith(status), result.output
+    assert result.exit_code == (0 if status == "pass" else 1), result.output
