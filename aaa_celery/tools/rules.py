@@ -19,11 +19,11 @@ from typing import Any
 
 from celery.exceptions import Reject
 
-from ..errors import InvalidId, PolicyDenied, StoreUnavailable, ToolArgsError
+from ..errors import InvalidId, PolicyDenied, StoreError, ToolArgsError
 from ..policy import admit, check
 from ..protocol import RUN_HEADER, TENANT_HEADER, check_call, tenant_of
 from ..worker import app_store
-from ..worker.messages import record_failure
+from ..worker.messages import settle
 
 
 def _polices(policy: Any) -> bool:
@@ -63,9 +63,21 @@ def judge_delivery(task: Any, args: Any, kwargs: Any) -> None:
         return
     store = app_store(task.app)
     try:
+        if store.result(req.id) is not None:
+            return  # a redelivery of a finished call: the guard answers with its outcome, nothing counts
         admit(policy, type(task).tool.name, identity.tenant if identity else None, arguments, req.id, store.spend)
     except PolicyDenied as denied:
-        if record_failure(task.app, task, req.id, denied):
+        try:
+            recorded = settle(task.app, task, req.id, denied)
+        except StoreError as e:
+            raise _hand_back(e) from None
+        if recorded:
             raise
-    except StoreUnavailable as e:
-        raise Reject(f"aaa store unavailable while counting the policy's budgets: {e}", requeue=True) from None
+        # the call got an outcome meanwhile: the guard answers with it
+    except StoreError as e:
+        raise _hand_back(e) from None
+
+
+def _hand_back(error: StoreError) -> Reject:
+    """Never run a call the policy could not judge: the message goes back to the broker."""
+    return Reject(f"aaa store unavailable while judging the guard policy: {error}", requeue=True)

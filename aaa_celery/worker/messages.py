@@ -30,7 +30,7 @@ from celery.exceptions import InvalidTaskError
 
 from ..config import GuardConfig
 from ..errors import InvalidId, ToolArgsError
-from ..lifecycle import Accepted, Lease, Outcome
+from ..lifecycle import Accepted, CallSpec, Lease, Outcome
 from ..protocol import (
     MAX_CALL_ID_BYTES,
     RUN_HEADER,
@@ -145,23 +145,31 @@ def check_message(message: Any, body: Any, max_bytes: int = DEFAULT_MAX_MESSAGE_
         raise Malformed(f"embed is {type(embed).__name__}, not an object", call_id)
 
 
-def record_failure(app: Any, task: Any, call_id: str, error: BaseException) -> bool:
+def settle(app: Any, task: Any, call_id: str, error: BaseException) -> bool:
     """Record ``error`` as the call's one outcome without taking an attempt, in the store
-    and in the result backend; False if the call already had an outcome (it keeps it)
-    or the store could not be reached (logged: nothing here may stop the worker)."""
+    and in the result backend; False if the call already had an outcome (it keeps it).
+    Raises the store's errors (``StoreError``); a result backend's is only logged."""
     outcome = Outcome.failure(type(error).__name__, str(error))
-    try:
-        recorded = app_store(app).finish(Lease(call_id, 0, "refused", "", 0.0), outcome, _SETTLE)
-    except Exception as e:  # noqa: BLE001
-        log.warning("aaa: could not record the refused call %s: %r", call_id, e)
-        return False
+    store = app_store(app)
+    store.register(CallSpec(call_id, getattr(task, "audit_name", None) or task.name))  # names its events
+    recorded = store.finish(Lease(call_id, 0, "refused", "", 0.0), outcome, _SETTLE)
     if not isinstance(recorded, Accepted):
         return False
     try:
         task.backend.mark_as_failure(call_id, error)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - the store holds the outcome; the backend is a copy
         log.warning("aaa: could not store the result of the refused call %s: %r", call_id, e)
     return True
+
+
+def record_failure(app: Any, task: Any, call_id: str, error: BaseException) -> bool:
+    """:func:`settle`, for the consumer: a store that cannot be reached is logged, not
+    raised (nothing here may stop the worker), and gives False."""
+    try:
+        return settle(app, task, call_id, error)
+    except Exception as e:  # noqa: BLE001
+        log.warning("aaa: could not record the refused call %s: %r", call_id, e)
+        return False
 
 
 def _refuse(task: Any, problem: Malformed) -> InvalidTaskError:
