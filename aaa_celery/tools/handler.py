@@ -42,7 +42,8 @@ class ToolTask(GuardedTask):
         if set(kwargs) - {"arguments"} or len(args) > 1:
             raise ToolArgsError(f"{tool.name}: malformed message; expected kwargs={{'arguments': {{...}}}}")
         arguments = kwargs.get("arguments", args[0] if args else None)
-        return unseal(tool.name, {} if arguments is None else arguments, tool.secrets, sealer_for(self.app), clear)
+        sealer = sealer_for(self.app) if tool.secrets else None  # cryptography only for secret tools
+        return unseal(tool.name, {} if arguments is None else arguments, tool.secrets, sealer, clear)
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """What the idempotency key function gets: the validated, canonical arguments, with
