@@ -5,9 +5,9 @@ Each delivery asks the store what to do (``begin``):
 * ``Claimed``: run the body as attempt *n* under a :class:`Watchdog` (heartbeat and
   timeout), then record the one result (``finish``, retried while the store is
   down); a result from a superseded attempt is fenced out.
-* ``Busy``: another live worker holds the call. Re-check every ``wait_poll_s`` for a
-  short while (contention at the start of a call), then drop this copy without a
-  result: the store, not the broker, brings the call back if the holder dies, so a
+* ``Busy``: another live worker holds the call. Drop this copy without a result at
+  once, unless the holder's lease lapses within a few ``wait_poll_s`` (then re-check
+  every ``wait_poll_s`` for that short while): the store, not the broker, brings the call back if the holder dies, so a
   duplicate never holds a worker slot for long.
 * ``Finished``: answer with the recorded result; nothing runs.
 * ``Refused``: the delivery policy forbids another attempt; the recorded
@@ -179,7 +179,7 @@ class GuardRunner:
                 self.emit(refusal.event_type, refusal.attempt, error=refusal.error, message=refusal.message)
                 raise self.raise_for(refusal)
             assert isinstance(decision, Busy)
-            if time.monotonic() >= busy_until:
+            if time.monotonic() >= busy_until or not self._may_lapse(decision):
                 raise Dropped(f"held by {decision.holder}")
             time.sleep(self.config.wait_poll_s)
 
@@ -190,6 +190,19 @@ class GuardRunner:
         settled = reconcile_lost(self.store, call, refusal, self.reconcile, self.codec.encode)
         self.emit(RECONCILED, refusal.attempt, ok=settled.ok, error=settled.error)
         return settled
+
+    def _may_lapse(self, busy: Busy) -> bool:
+        """Whether the holder's lease may lapse within this delivery's short wait: only then
+        is waiting worth a worker slot. A fresh lease (or a PostgreSQL session lock, which
+        has no expiry) means a live holder: this copy is dropped at once, and the store
+        brings the call back if that holder dies."""
+        if busy.expires_at is None:
+            return False
+        try:
+            left = busy.expires_at - self.store.now()
+        except StoreUnavailable:
+            return False
+        return left <= BUSY_POLLS * self.config.wait_poll_s
 
     def attempt(self, call: CallSpec, lease: Lease, body: Body) -> Any:
         """Run a claimed attempt under its watchdog and record its outcome."""

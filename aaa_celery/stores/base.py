@@ -16,7 +16,17 @@ from contextlib import contextmanager
 
 from ..config import GuardConfig
 from ..errors import StoreUnavailable
-from ..lifecycle import BeginResult, CallSpec, Draft, Event, FinishResult, Lease, Outcome
+from ..lifecycle import (
+    BeginResult,
+    CallSpec,
+    Draft,
+    Event,
+    FinishResult,
+    Lease,
+    Outcome,
+    Writes,
+    result_event,
+)
 
 if TYPE_CHECKING:
     from .ops import CallRecord
@@ -24,6 +34,19 @@ if TYPE_CHECKING:
 
 def new_token() -> str:
     return uuid.uuid4().hex
+
+
+def recovery_hold(tries: int, hold_s: float, max_hold_s: float | None) -> float:
+    """How long the ``tries``-th republish of a call holds it: ``hold_s``, doubled for each
+    earlier republish since its last claim, at most ``max_hold_s``."""
+    longest = hold_s if max_hold_s is None else max(hold_s, max_hold_s)
+    return float(min(longest, hold_s * 2 ** (tries - 1)))
+
+
+def plan_abandon(call: CallSpec, outcome: Outcome) -> Writes:
+    """The writes of :meth:`Store.abandon` once its checks passed: the failure as the call's
+    one result, with its event (the memory and SQL stores; ``lua/abandon.lua`` for Redis)."""
+    return Writes(record=outcome, event=result_event(call, outcome))
 
 
 class Store(abc.ABC):
@@ -97,8 +120,25 @@ class Store(abc.ABC):
         calls registered more than ``unclaimed_grace_s`` ago that were never claimed."""
 
     @abc.abstractmethod
-    def claim_recovery(self, call_id: str, worker: str, hold_s: float) -> bool:
-        """Take the right to republish a call once; True for exactly one caller per ``hold_s``."""
+    def claim_recovery(self, call_id: str, worker: str, hold_s: float, max_hold_s: float | None = None) -> int:
+        """Take the right to republish a call, with backoff.
+
+        Returns *n* ≥ 1, this being the call's *n*-th republish since it was last claimed,
+        to exactly one caller per hold; the *n*-th holds the call for
+        ``hold_s * 2**(n-1)`` seconds, at most ``max_hold_s``. Returns 0 when the call is
+        unknown, has a result, is held by a live lease (checked atomically with the claim,
+        so a call that a worker has just claimed is never republished) or by an earlier
+        republish. A claim (``begin``) ends the hold and restarts the count.
+        """
+
+    @abc.abstractmethod
+    def abandon(self, call: CallSpec, outcome: Outcome) -> bool:
+        """Record ``outcome`` (a failure) as the result of a call that recovery gives up on.
+
+        Atomic, and only if the call is known, has no result and no live lease, and has
+        exactly ``outcome.attempt`` attempts; True if recorded. Its result event is
+        built from ``call``.
+        """
 
     @abc.abstractmethod
     def now(self) -> float:

@@ -26,7 +26,7 @@ from ..lifecycle import (
     plan_release,
 )
 from ._writes import CallWriter, apply
-from .base import Store, new_token
+from .base import Store, new_token, plan_abandon, recovery_hold
 from .budgets import admits, check_spend, window_of
 from .ops import RESOLVED, CallRecord, plan_resolve
 
@@ -40,6 +40,9 @@ class _Call:
     lease: Lease | None = None
     events: list[Event] = field(default_factory=list)
     recovery_until: float = 0.0
+    #: Republishes since the last claim: counted while ``attempts`` is ``recovery_attempts``.
+    recovery_tries: int = 0
+    recovery_attempts: int = 0
     handed_on: int = 0
     handed: int = 0
 
@@ -176,13 +179,24 @@ class MemoryStore(Store):
                     out.append(rec.spec)
             return out
 
-    def claim_recovery(self, call_id: str, worker: str, hold_s: float) -> bool:
+    def claim_recovery(self, call_id: str, worker: str, hold_s: float, max_hold_s: float | None = None) -> int:
         with self._lock:
             rec = self._calls.get(call_id)
             now = self.now()
-            if rec is None or rec.recovery_until > now:
+            if rec is None or rec.result is not None or rec.live(now) or rec.recovery_until > now:
+                return 0
+            rec.recovery_tries = rec.recovery_tries + 1 if rec.recovery_attempts == rec.attempts else 1
+            rec.recovery_attempts = rec.attempts
+            rec.recovery_until = now + recovery_hold(rec.recovery_tries, hold_s, max_hold_s)
+            return rec.recovery_tries
+
+    def abandon(self, call: CallSpec, outcome: Outcome) -> bool:
+        with self._lock:
+            rec = self._calls.get(call.call_id)
+            now = self.now()
+            if rec is None or rec.result is not None or rec.live(now) or rec.attempts != outcome.attempt:
                 return False
-            rec.recovery_until = now + hold_s
+            apply(plan_abandon(call, outcome), _Writer(rec, now))
             return True
 
 

@@ -100,7 +100,7 @@ from .base import Store, new_token, wrap_errors
 from .budgets import EPSILON, check_spend
 from .ops import CallRecord, plan_resolve
 
-_SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "hand_on", "register", "claim_recovery")
+_SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "hand_on", "register", "claim_recovery", "abandon")
 _CALL_KEYS = ("spec", "attempts", "result", "lease", "events")
 _INDEXES = ("running", "unclaimed")
 _ERRORS = (
@@ -393,8 +393,13 @@ class RedisStore(Store):
     def register(self, call: CallSpec) -> None:
         self._run("register", call.call_id, *_spec_args(call))
 
-    def claim_recovery(self, call_id: str, worker: str, hold_s: float) -> bool:
-        return bool(self._run("claim_recovery", call_id, worker, _ms(hold_s)))
+    def claim_recovery(self, call_id: str, worker: str, hold_s: float, max_hold_s: float | None = None) -> int:
+        longest = hold_s if max_hold_s is None else max(hold_s, max_hold_s)
+        return int(self._run("claim_recovery", call_id, worker, _ms(hold_s), _ms(longest), self.retention_s))
+
+    def abandon(self, call: CallSpec, outcome: Outcome) -> bool:
+        return bool(self._run("abandon", call.call_id, outcome.attempt, _json(outcome),
+                              *_event_args(result_event(call, outcome)), self.retention_s))
 
     def events(self, call_id: str) -> list[Event]:
         with wrap_errors(self.kind, *_ERRORS):

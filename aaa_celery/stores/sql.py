@@ -17,6 +17,9 @@ Tables:
     The one result of a call, ever: ``call_id`` is the primary key.
 ``aaa_events``
     The audit trail; ``id`` orders it and ``event_id`` makes each event unique.
+``aaa_recoveries``
+    How often recovery republished a call (``tries``) since its attempt count was
+    ``attempts``: a claim counts an attempt, which restarts the count.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from ..lifecycle import (
     plan_release,
 )
 from ._writes import CallWriter, apply
-from .base import Store
+from .base import Store, plan_abandon, recovery_hold
 from .budgets import admits, check_spend, window_of
 from .ops import RESOLVED, CallRecord, plan_resolve
 
@@ -105,6 +108,14 @@ budget_tokens = sa.Table(
     metadata,
     sa.Column("budget_key", sa.String, primary_key=True),
     sa.Column("token", sa.String, primary_key=True),
+)
+
+recoveries = sa.Table(
+    "aaa_recoveries",
+    metadata,
+    sa.Column("call_id", sa.String, primary_key=True),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("tries", sa.Integer, nullable=False),
 )
 
 #: ``insert`` of a dialect that has ``on_conflict_do_nothing`` (postgresql, sqlite).
@@ -226,14 +237,20 @@ def select_unfinished(now: float, unclaimed_grace_s: float) -> sa.Select[Any]:
     )
 
 
-def claim_recovery_window(call_id: str, now: float, hold_s: float) -> sa.Update:
-    """Take the right to republish a call until ``now + hold_s``; matches no row while
-    another worker holds it."""
-    return (
-        calls.update()
-        .where(calls.c.call_id == call_id, calls.c.recovery_until <= now)
-        .values(recovery_until=now + hold_s)
-    )
+def select_recovery(call_id: str) -> sa.Select[Any]:
+    """The call's republish count, with the attempt count it was counted at."""
+    return sa.select(recoveries.c.attempts, recoveries.c.tries).where(recoveries.c.call_id == call_id)
+
+
+def upsert_recovery(insert: Insert, call_id: str, attempts: int, tries: int) -> sa.Executable:
+    """Set the call's republish count (the caller holds the call's row lock)."""
+    stmt = insert(recoveries).values(call_id=call_id, attempts=attempts, tries=tries)
+    return stmt.on_conflict_do_update(index_elements=["call_id"], set_={"attempts": attempts, "tries": tries})
+
+
+def hold_recovery(call_id: str, until: float) -> sa.Update:
+    """Keep other workers from republishing the call until ``until``."""
+    return calls.update().where(calls.c.call_id == call_id).values(recovery_until=until)
 
 
 def insert_budget_if_absent(insert: Insert, key: str, window: int) -> sa.Executable:
@@ -440,9 +457,33 @@ class SQLStore(Store):
             live = self._live(rows, now, conn) if rows else set()
         return [CallSpec(**r.spec) for r in rows if r.call_id not in live]
 
-    def claim_recovery(self, call_id: str, worker: str, hold_s: float) -> bool:
+    def claim_recovery(self, call_id: str, worker: str, hold_s: float, max_hold_s: float | None = None) -> int:
         with self._write() as conn:
-            return conn.execute(claim_recovery_window(call_id, self.now(), hold_s)).rowcount == 1
+            now = self.now()
+            row = self._unheld(conn, call_id, now)
+            if row is None or row.recovery_until > now:
+                return 0
+            counted = conn.execute(select_recovery(call_id)).one_or_none()
+            tries = counted.tries + 1 if counted is not None and counted.attempts == row.attempts else 1
+            conn.execute(upsert_recovery(self.insert, call_id, row.attempts, tries))
+            conn.execute(hold_recovery(call_id, now + recovery_hold(tries, hold_s, max_hold_s)))
+            return tries
+
+    def abandon(self, call: CallSpec, outcome: Outcome) -> bool:
+        with self._write() as conn:
+            now = self.now()
+            row = self._unheld(conn, call.call_id, now)
+            if row is None or row.attempts != outcome.attempt:
+                return False
+            apply(plan_abandon(call, outcome), _Writer(self.insert, conn, call.call_id, now))
+            return True
+
+    def _unheld(self, conn: Connection, call_id: str, now: float) -> Row[Any] | None:
+        """Lock a known call's row and return it if it has no result and no live lease."""
+        row = conn.execute(select_call_for_update(call_id)).one_or_none()
+        if row is None or self._result(conn, call_id) is not None or self._live([row], now, conn):
+            return None
+        return row
 
     # -- Budgets (stores/budgets.py) ----------------------------------------------------
 
@@ -510,7 +551,7 @@ class SQLStore(Store):
         while True:
             with self._write() as conn:
                 ids = list(conn.execute(select_finished_before(before, _PAGE)).scalars())
-                for table in (events, results, calls):
+                for table in (events, results, recoveries, calls):
                     conn.execute(table.delete().where(table.c.call_id.in_(ids)))
             purged += len(ids)
             if len(ids) < _PAGE:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
+import inspect
 import warnings
 from typing import Any
 
 from ..errors import ConfigError
-from .stores import store_url
+from ..stores import backend_for
+from .stores import store_options, store_url
 
 #: Serializer names (kombu's registry names, lower case) whose decoders build arbitrary
 #: objects, and so run code carried by a message.
@@ -99,10 +102,30 @@ def check_settings(app: Any) -> None:
             "(pickle, yaml, msgpack with extension hooks), by name and by content type:\n  "
             + "\n  ".join(problems)
         )
-    store_url(app)  # fails now, not at 3 a.m., if there is no store
+    url = store_url(app)  # fails now, not at 3 a.m., if there is no store
+    check_store_options(url, store_options(app))
     if (app.conf.worker_prefetch_multiplier or 4) > 1:
         warnings.warn(
             "worker_prefetch_multiplier > 1 with long guarded tasks lets one worker hold "
             "messages it cannot start; set worker_prefetch_multiplier=1 for long tools",
             stacklevel=3,
         )
+
+
+def check_store_options(url: str, options: dict[str, Any]) -> None:
+    """Refuse ``aaa_store_options`` that the URL's store does not take, naming them."""
+    if not options:
+        return
+    params = inspect.signature(backend_for(url).__init__).parameters
+    known = sorted(n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    # A store with **kw (Redis) passes the rest on to its driver: only a near miss of
+    # one of its own options is sure to be a typo there.
+    rest = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    for name in sorted(set(options) - set(known)):
+        close = difflib.get_close_matches(name, known, n=1)
+        if close or not rest:
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"aaa_store_options: {name!r} is not an option of the {url.split(':')[0]} store{hint} "
+                f"It takes {known}."
+            )

@@ -12,7 +12,7 @@ from ..errors import ConfigError
 from ..stores import Store, open_store
 
 _lock = threading.Lock()
-_opened: dict[tuple[int, str], Store] = {}
+_opened: dict[tuple[int, str, str], Store] = {}
 #: Stores a forked child inherited. Kept referenced, never used or closed: closing
 #: (or garbage-collecting) them could end the parent's sessions on shared sockets.
 _inherited: list[Store] = []
@@ -37,6 +37,20 @@ def store_url(app: Celery) -> str:
     )
 
 
+def store_options(app: Celery) -> dict[str, Any]:
+    """The keyword options of the app's store (``aaa_store_options``: ``key_prefix``,
+    ``shards``, ``retention_s``, ``idle_session_timeout_s``, ...), passed to
+    :func:`~aaa_celery.stores.open_store` in every process that opens it: the pool
+    children that run calls and the recovery sweeper alike."""
+    options = app.conf.get("aaa_store_options") or {}
+    if not isinstance(options, dict):
+        raise ConfigError(
+            f"aaa_store_options: expected a dict of store options (key_prefix, shards, ...), "
+            f"not {type(options).__name__}"
+        )
+    return dict(options)
+
+
 def use_store(app: Celery, store: Store) -> None:
     """Make ``app`` use this store object in this process (the embedded engine, tests)."""
     app._aaa_store = (os.getpid(), store)  # type: ignore[attr-defined]
@@ -48,11 +62,12 @@ def app_store(app: Celery) -> Store:
     if pinned is not None and pinned[0] == os.getpid():
         return pinned[1]  # type: ignore[no-any-return]
     url = store_url(app)
-    key = (os.getpid(), url)
+    options = store_options(app)
+    key = (os.getpid(), url, repr(sorted(options.items())))
     with _lock:
         store = _opened.get(key)
         if store is None:
-            store = _opened[key] = open_store(url)
+            store = _opened[key] = open_store(url, **options)
         return store
 
 

@@ -158,6 +158,8 @@ class ModelCall:
     lease: ModelLease | None = None
     events: list[tuple[Draft, float]] = field(default_factory=list)
     recovery_until: float = 0.0
+    recovery_tries: int = 0  # republishes since attempts was recovery_attempts
+    recovery_attempts: int = 0
     handed_on: int = 0
     handed: int = 0
 
@@ -435,10 +437,16 @@ class StoreMachine(RuleBasedStateMachine):
         hold = 3600.0 if self.server_clock else hold
         got = store.claim_recovery(call_id, "sweeper", hold)
         rec = self.calls.get(call_id)
-        want = rec is not None and not rec.recovery_until > self.now()
-        assert got is want
+        # Never while the call has its result or a live lease (checked with the claim).
+        want = (rec is not None and rec.result is None and not self.live(rec.lease)
+                and not rec.recovery_until > self.now())
         if rec is not None and want:
-            rec.recovery_until = self.now() + hold
+            rec.recovery_tries = rec.recovery_tries + 1 if rec.recovery_attempts == rec.attempts else 1
+            rec.recovery_attempts = rec.attempts
+            rec.recovery_until = self.now() + hold  # no max_hold_s: every hold is ``hold``
+            assert got == rec.recovery_tries
+        else:
+            assert got == 0
 
     def expired(self, store: Store, grace: float) -> None:
         grace = 3600.0 if self.server_clock and grace else grace

@@ -9,6 +9,7 @@ stopped by PID at teardown, also when the test fails (their logs are printed the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,8 @@ class Fleets:
         f.env = full  # type: ignore[attr-defined]
         f.client = make_app(full)  # type: ignore[attr-defined]
         f.ledger = Ledger(full.get("AAA_FLEET_LEDGER") or self.redis_url)  # type: ignore[attr-defined]
-        f.store = open_store(full.get("AAA_FLEET_STORE") or self.redis_url)  # type: ignore[attr-defined]
+        options = json.loads(full.get("AAA_FLEET_STORE_OPTIONS") or "{}")
+        f.store = open_store(full.get("AAA_FLEET_STORE") or self.redis_url, **options)  # type: ignore[attr-defined]
         self.opened.extend([f.ledger, f.store])  # type: ignore[attr-defined]
         return f
 

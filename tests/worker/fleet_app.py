@@ -12,6 +12,11 @@ Configured from environment variables, so one module serves every scenario
 - ``AAA_FLEET_RESTORE_S``: kombu's unacked restore interval and throttle 1 (the
   broker restores expired messages every that many seconds).
 - ``AAA_FLEET_GRACE``: ``aaa_unclaimed_grace_s``.
+- ``AAA_FLEET_LOST_AFTER`` / ``AAA_FLEET_LOST_CHECK``: ``aaa_lost_after_s`` / ``aaa_lost_check_s``.
+- ``AAA_FLEET_HOLD`` / ``AAA_FLEET_MAX_TRIES``: ``aaa_recovery_hold_s`` / ``aaa_recovery_max_tries``.
+- ``AAA_FLEET_STORE_OPTIONS``: ``aaa_store_options``, as JSON (``{"key_prefix": "x", "shards": 3}``).
+- ``AAA_FLEET_PIN_STORE``: ``1`` gives those options through ``use_store`` instead, in
+  every process (the app's module and each pool child pin a store object of their own).
 - ``AAA_FLEET_RECOVERY_S``: ``aaa_recovery_interval_s`` (default 1).
 - ``AAA_FLEET_ENABLED``: ``0`` turns the guard off for every task.
 
@@ -21,6 +26,7 @@ Each body appends ``start`` to the ledger when it begins, and the long ones
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -29,11 +35,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery
+from celery.signals import worker_process_init
 from kombu import Queue
 
-from aaa_celery import GuardedTask, ToolArgsError, ToolContext, ToolError
+from aaa_celery import GuardedTask, ToolArgsError, ToolContext, ToolError, open_store
 from aaa_celery.testing import Ledger
 from aaa_celery.tools import ToolHandler, ToolRegistry, tool
+from aaa_celery.tools.handler import use_store
 
 
 def make_app(env: Mapping[str, str]) -> Celery:
@@ -65,6 +73,21 @@ def make_app(env: Mapping[str, str]) -> Celery:
         app.conf.aaa_store_url = env["AAA_FLEET_STORE"]
     if env.get("AAA_FLEET_GRACE"):
         app.conf.aaa_unclaimed_grace_s = float(env["AAA_FLEET_GRACE"])
+    for var, setting in (("LOST_AFTER", "aaa_lost_after_s"), ("LOST_CHECK", "aaa_lost_check_s"),
+                         ("HOLD", "aaa_recovery_hold_s"), ("MAX_TRIES", "aaa_recovery_max_tries")):
+        if env.get(f"AAA_FLEET_{var}"):
+            app.conf[setting] = float(env[f"AAA_FLEET_{var}"])
+    if env.get("AAA_FLEET_STORE_OPTIONS") and env.get("AAA_FLEET_PIN_STORE") == "1":
+        options = json.loads(env["AAA_FLEET_STORE_OPTIONS"])
+        url = env.get("AAA_FLEET_STORE") or broker
+
+        def pin(**_: Any) -> None:
+            use_store(app, open_store(url, **options))
+
+        pin()
+        worker_process_init.connect(pin, weak=False)
+    elif env.get("AAA_FLEET_STORE_OPTIONS"):
+        app.conf.aaa_store_options = json.loads(env["AAA_FLEET_STORE_OPTIONS"])
     ledger_url = env.get("AAA_FLEET_LEDGER") or broker
     ledger: Ledger | None = None
 

@@ -223,18 +223,18 @@ def test_same_task_id_sent_twice_runs_once_without_slot_starvation(fleet):
 
 
 def test_message_deleted_from_queue_before_any_worker_took_it_still_reaches_its_result(fleet):
-    client = fleet.client(TTL=TTL, GRACE=2)
+    client = fleet.client(TTL=TTL, GRACE=2, LOST_AFTER=1, LOST_CHECK=1)
     result = client.tasks["fleet.quick"].delay(41)  # registered in the store, then published
     broker = redis.Redis.from_url(fleet.redis_url)
     assert broker.delete("celery") == 1  # the broker lost the message
-    f = fleet(TTL=TTL, GRACE=2)
+    f = fleet(TTL=TTL, GRACE=2, LOST_AFTER=1, LOST_CHECK=1)
     assert result.get(timeout=15) == 42
     assert len(f.ledger.entries(result.id, "start")) == 1
     assert types(f.store, result.id) == [STARTED, COMPLETED]
 
 
 def test_call_popped_by_frozen_worker_then_kill_9_still_reaches_its_result(fleet):
-    f = fleet(TTL=TTL, GRACE=2)
+    f = fleet(TTL=TTL, GRACE=2, LOST_AFTER=1, LOST_CHECK=1)
     busy = f.client.tasks["fleet.long"].delay(6.0)  # keeps one worker from consuming
     busy_holder = holder_of(f, started(f, busy.id)[0])
     idle = f.others(busy_holder)[0]

@@ -14,7 +14,8 @@
 --                                score = lease expiry (ms)
 --   KEYS[7] <t>:unclaimed        zset, the shard's: registered, never claimed calls,
 --                                score = registration (ms)
---   KEYS[8] <t>:<call>:recovery  string with a PX TTL: who may republish the call
+--   KEYS[8] <t>:<call>:recovery  hash: who may republish the call (worker), until when (ms),
+--                                and how often it was republished since its last claim (tries)
 --   KEYS[9] <t>:calls            zset, the shard's: every call, score = when first seen (ms),
 --                                for operators (`celery aaa calls`, `purge`)
 -- The script reads no other key; TIME is the clock of the node that owns the slot.
