@@ -33,7 +33,13 @@ def test_twenty_concurrent_refunds_against_a_budget_of_five_run_exactly_five(red
         # another customer's budget is its own
         other = refund.apply_async(kwargs={"arguments": {"customer_id": "K-2", "amount": 5}})
         assert other.get(timeout=60) == "refunded 5 to K-2"
+        # a message sent around ToolTask.apply_async (send_task) is judged by the worker
+        around = client.send_task("aaa.tool.refund", kwargs={"arguments": {"customer_id": "K-3", "amount": 600}},
+                                  queue="aaa.default")
+        with pytest.raises(PolicyDenied, match=r"Where\(refund: amount <= 500\)"):
+            around.get(timeout=60)
         assert all(w.alive for w in fleet)
+    assert not [e for e in store.events(around.id) if e.type == STARTED]
     runs = [e for e in ledger.entries() if e.get("event") == "start" and e.get("customer_id") == "K-1"]
     assert len(done) == 5 and len(runs) == 5, (done, runs)
     assert len(denied) == 15
