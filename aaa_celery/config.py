@@ -68,6 +68,10 @@ class GuardConfig(BaseModel):
     fence_results: bool = True
     """Reject (and audit as ``aaa.tool.stale_result``) a result from a superseded attempt."""
 
+    max_result_bytes: int | None = Field(default=1024 * 1024, gt=0)
+    """Largest result a call may record, in bytes of its JSON as stored; a larger one fails
+    the call with ``ResultTooLarge`` and is not recorded. None: no limit."""
+
     @model_validator(mode="after")
     def _heartbeat_below_ttl(self) -> GuardConfig:
         if self.heartbeat_s is not None and self.heartbeat_s >= self.lease_ttl_s:

@@ -60,6 +60,10 @@ class PolicyDenied(ToolError):
     """The handler's guard policy refused this call; ``rule`` names the rule."""
 
 
+class ResultTooLarge(ToolError):
+    """The tool's result is larger than its max_result_bytes; it was not recorded."""
+
+
 class ApprovalDenied(ToolError):
     """A person denied this call."""
 
@@ -114,6 +118,7 @@ TOOL_ERRORS: dict[str, type[ToolError]] = {
         ToolTimeout,
         OutcomeUnknown,
         ExecutionAbandoned,
+        ResultTooLarge,
         ApprovalDenied,
         ApprovalExpired,
         PolicyDenied,

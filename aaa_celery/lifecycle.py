@@ -169,10 +169,13 @@ def stamped(outcome: Outcome, attempt: int) -> Outcome:
     return replace(outcome, attempt=attempt)
 
 
-def result_data(call: CallSpec, outcome: Outcome) -> dict[str, Any]:
+def result_data(call: CallSpec, outcome: Outcome, *, value: bool = True) -> dict[str, Any]:
+    """An outcome's event data; ``value=False`` leaves a success's value out (it is kept
+    once, in the call's result, and :func:`joined` shows it in the event again)."""
     data = {"call_id": call.call_id, "name": call.name, "attempt": outcome.attempt}
     if outcome.ok:
-        data["value"] = outcome.value
+        if value:
+            data["value"] = outcome.value
     else:
         data["error"] = outcome.error
         data["message"] = outcome.message
@@ -214,8 +217,21 @@ def started_event(call: CallSpec, attempt: int, worker: str) -> Draft:
 
 
 def result_event(call: CallSpec, outcome: Outcome) -> Draft:
-    """``aaa.tool.completed`` / ``aaa.tool.failed``: the call's one result (id ``<call>:result``)."""
-    return _draft(call.call_id, outcome.event_type, outcome.attempt, result_data(call, outcome))
+    """``aaa.tool.completed`` / ``aaa.tool.failed``: the call's one result (id ``<call>:result``).
+
+    A success's value is not in the event as stored: a store keeps a (possibly large)
+    value once, in the call's result, and ``Store.events`` joins it in (:func:`joined`)."""
+    return _draft(call.call_id, outcome.event_type, outcome.attempt, result_data(call, outcome, value=False))
+
+
+def joined(events: list[Event], result: Outcome | None) -> list[Event]:
+    """A call's trail as readers see it: its ``aaa.tool.completed`` event with the value of
+    the recorded result, which the store keeps once (see :func:`result_event`)."""
+    if result is None or not result.ok:
+        return events
+    return [replace(e, data={**e.data, "value": result.value})
+            if e.type == COMPLETED and e.id == f"{e.call_id}:result" and "value" not in e.data else e
+            for e in events]
 
 
 def stale_event(call: CallSpec, outcome: Outcome) -> Draft:

@@ -18,6 +18,7 @@ from ..lifecycle import (
     FinishResult,
     Lease,
     Outcome,
+    joined,
     merge_spec,
     plan_begin,
     plan_fenced,
@@ -156,7 +157,7 @@ class MemoryStore(Store):
     def events(self, call_id: str) -> list[Event]:
         with self._lock:
             rec = self._calls.get(call_id)
-            return list(rec.events) if rec else []
+            return joined(list(rec.events), rec.result) if rec else []
 
     def result(self, call_id: str) -> Outcome | None:
         with self._lock:

@@ -88,6 +88,7 @@ from ..lifecycle import (
     Stale,
     decide_begin,
     fenced_event,
+    joined,
     merge_spec,
     result_event,
     retried_event,
@@ -403,8 +404,11 @@ class RedisStore(Store):
 
     def events(self, call_id: str) -> list[Event]:
         with wrap_errors(self.kind, *_ERRORS):
-            raw = self._redis.lrange(self.key(call_id, "events"), 0, -1)
-        return [_event(e) for e in raw]
+            pipe = self._redis.pipeline(transaction=False)  # one round trip: both keys share a slot
+            pipe.lrange(self.key(call_id, "events"), 0, -1)
+            pipe.get(self.key(call_id, "result"))
+            raw, result = pipe.execute()
+        return joined([_event(e) for e in raw], Outcome.from_json(result) if result else None)
 
     def result(self, call_id: str) -> Outcome | None:
         with wrap_errors(self.kind, *_ERRORS):

@@ -45,6 +45,7 @@ from ..lifecycle import (
     Lease,
     Outcome,
     Writes,
+    joined,
     merge_spec,
     plan_begin,
     plan_fenced,
@@ -440,7 +441,8 @@ class SQLStore(Store):
     def events(self, call_id: str) -> list[Event]:
         with self._read() as conn:
             rows = conn.execute(select_events(call_id)).all()
-        return [Event(r.event_id, r.type, r.call_id, r.attempt, r.data, r.at) for r in rows]
+            result = self._result(conn, call_id) if rows else None
+        return joined([Event(r.event_id, r.type, r.call_id, r.attempt, r.data, r.at) for r in rows], result)
 
     def result(self, call_id: str) -> Outcome | None:
         with self._read() as conn:

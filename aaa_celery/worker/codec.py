@@ -1,5 +1,6 @@
 """Results kept in the store as kombu's JSON encodes them, so a guarded task may return
-whatever a plain Celery task may (``datetime``, ``Decimal``, ``UUID``, bytes ...)."""
+whatever a plain Celery task may (``datetime``, ``Decimal``, ``UUID``, bytes ...), and
+no larger than the guard's ``max_result_bytes``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 from celery.result import ResultBase
 from kombu.utils import json as kombu_json
+
+from ..errors import ResultTooLarge
 
 
 class KombuJSON:
@@ -28,3 +31,40 @@ class KombuJSON:
 
 
 CODEC = KombuJSON()
+
+
+def _surely_within(data: Any, max_bytes: int) -> bool:
+    """A cheap answer for the common small values (a JSON character takes at most 6 bytes)."""
+    return data is None or type(data) in (bool, int) or (type(data) is str and len(data) * 6 + 2 <= max_bytes)
+
+
+class SizedJSON(KombuJSON):
+    """:class:`KombuJSON` that refuses a result whose JSON, as the store keeps it, is larger
+    than ``max_bytes`` (``ResultTooLarge``: the call fails once and nothing large is stored)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+
+    def encode(self, value: Any) -> Any:
+        data = super().encode(value)
+        if not _surely_within(data, self.max_bytes):
+            size = len(json.dumps(data, separators=(",", ":")).encode("utf-8"))
+            if size > self.max_bytes:
+                raise ResultTooLarge(
+                    f"the result, of type {type(value).__name__}, is {size} bytes as JSON, above the limit of "
+                    f"{self.max_bytes} (guard option max_result_bytes): return less, e.g. where the data is kept"
+                )
+        return data
+
+
+_SIZED: dict[int, SizedJSON] = {}
+
+
+def result_codec(max_bytes: int | None) -> KombuJSON:
+    """The codec of a guarded call's results under ``max_bytes`` (None: no limit)."""
+    if max_bytes is None:
+        return CODEC
+    codec = _SIZED.get(max_bytes)
+    if codec is None:
+        codec = _SIZED[max_bytes] = SizedJSON(max_bytes)
+    return codec

@@ -22,7 +22,7 @@ from ..guard import Dropped, GuardRunner, HandBack, run_unguarded
 from ..lifecycle import CallSpec
 from ..protocol import RUN_HEADER, TENANT_HEADER, check_call
 from . import calls, publish
-from .codec import CODEC
+from .codec import result_codec
 from .control import REPLACED, control_for, raise_for
 from .events import TaskEvents
 from .install import attach
@@ -120,7 +120,8 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
         call = calls.call_spec(self.name, self.audit_name or self.name, req.id, key, list(args), dict(kwargs),
                                queue, headers)
         runner = GuardRunner(app_store(self.app), config, self.timeout_s, type(self).result_retry,
-                             TaskEvents(self, self.audit_name or self.name), CODEC, control_for(req), raise_for,
+                             TaskEvents(self, self.audit_name or self.name), result_codec(config.max_result_bytes),
+                             control_for(req), raise_for,
                              reconcile_step(self, args, kwargs, lambda attempt: calls.context(req, key, attempt)))
         worker = f"{req.hostname}/{os.getpid()}/{threading.get_ident()}"
         try:

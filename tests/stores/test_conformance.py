@@ -609,3 +609,37 @@ def test_concurrent_workers_never_overlap_and_record_one_result(store_factory, b
             if let_go is not None:
                 held_until = min(held_until, let_go)
             assert t1_next >= held_until, f"{cid}: attempt {n + 1} claimed while {n} held"
+
+
+def _stored_trail(store, call_id: str) -> str:
+    """The call's audit trail exactly as the backend keeps it (not as ``events()`` joins it)."""
+    from aaa_celery.stores.memory import MemoryStore
+    from aaa_celery.stores.redis import RedisStore
+    from aaa_celery.stores.sql import SQLStore, select_events
+
+    if isinstance(store, MemoryStore):
+        return repr([e.data for e in store._calls[call_id].events])
+    if isinstance(store, RedisStore):
+        return "".join(store._redis.lrange(store.key(call_id, "events"), 0, -1))
+    assert isinstance(store, SQLStore)
+    with store._read() as conn:
+        return repr([r.data for r in conn.execute(select_events(call_id))])
+
+
+def test_a_result_value_is_stored_once_and_every_reader_still_sees_it(store_factory):
+    """Reproduces on 23716a3: a result's value was written twice, in the call's result and
+    in its ``aaa.tool.completed`` event (a 50 MB result took 100 MB for 7 days)."""
+    # Given a call that returns a 2 MB value
+    a, b = store_factory(), store_factory()
+    call, cfg = new_call(), config()
+    value = {"report": "x" * 2_000_000}
+    done = a.finish(claim(a, call, "worker-a", cfg).lease, Outcome.success(value), cfg)
+    assert isinstance(done, Accepted)
+
+    # Then the trail as stored holds no copy of it
+    assert len(_stored_trail(b, call.call_id)) < 10_000
+    # And every reader still sees it: the result, a redelivery, the completed event
+    assert b.result(call.call_id).value == value
+    assert b.begin(call, "worker-b", cfg) == Finished(Outcome.success(value, attempt=1))
+    [completed] = [e for e in b.events(call.call_id) if e.type == COMPLETED]
+    assert completed.data == {"call_id": call.call_id, "name": "refund", "attempt": 1, "value": value}
