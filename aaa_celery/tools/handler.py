@@ -56,6 +56,20 @@ class ToolTask(GuardedTask):
         except ToolArgsError:
             return default_key(call_id, headers)  # the body refuses these arguments
 
+    def signature(self, args: Any = None, *starargs: Any, **starkwargs: Any) -> Any:
+        """Celery's signature (``s``, ``si``), with secret arguments sealed already: a signature
+        travels whole inside another call's message (a chain's next step, a callback)."""
+        sig = super().signature(args, *starargs, **starkwargs)
+        tool, kwargs = type(self).tool, getattr(sig, "kwargs", None)
+        if tool.secrets and isinstance(kwargs, dict) and isinstance(kwargs.get("arguments"), dict):
+            try:
+                checked = tool.check(self._raw((), {"arguments": kwargs["arguments"]}, True), type(self).policy)
+            except ToolArgsError:
+                return sig  # refused when it is sent
+            sealer = require_sealer(self.app, tool.name, tool.secrets)
+            kwargs["arguments"] = seal(checked.canonical, tool.secrets, sealer)
+        return sig
+
     def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any) -> Any:
         """Send the call (see the class): raises ``ToolArgsError`` for arguments the tool
         refuses, before anything is stored or published."""

@@ -139,9 +139,9 @@ def test_sizes_are_utf8_bytes_and_checked_before_the_call_is_sent_or_stored(engi
     # a plain send is refused before it is published or registered
     store, task = engine.store, engine.note_handler.task("note")
     registered = len(store.expired(unclaimed_grace_s=-1e9))
-    for text in ("é" * 100_000, "x" * 12_500_000):  # 200 000 bytes in 100 000 characters; 12.5 MB
+    for big in ("é" * 100_000, "x" * 12_500_000):  # 200 000 bytes in 100 000 characters; 12.5 MB
         with pytest.raises(ToolArgsError, match="arguments larger than 150000 bytes"):
-            task.delay(text=text)
+            task.delay(text=big)
     assert len(store.expired(unclaimed_grace_s=-1e9)) == registered
     assert task.delay(text="é" * 70_000).get(timeout=30) == "kept"
 

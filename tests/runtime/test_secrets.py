@@ -25,8 +25,7 @@ from aaa_celery.llm import FakeLLMClient, LLMHandler, LLMResponse, ToolCall
 from aaa_celery.llm.fake import text
 from aaa_celery.runtime import Engine
 from aaa_celery.runtime.approvals import APPROVAL_GRANTED
-from aaa_celery.tools import ToolContext, ToolHandler, ToolRegistry, tool
-from aaa_celery.tools import Secret
+from aaa_celery.tools import Secret, ToolContext, ToolHandler, ToolRegistry, tool
 
 pytestmark = [pytest.mark.redis]
 
@@ -35,16 +34,16 @@ def redis_dump(url: str) -> str:
     """Every key of the database and every value in it, as one text to grep."""
     client = redis.Redis.from_url(url)
     out = []
+    read = {
+        "string": lambda k: client.get(k),
+        "hash": lambda k: client.hgetall(k),
+        "list": lambda k: client.lrange(k, 0, -1),
+        "set": lambda k: client.smembers(k),
+        "zset": lambda k: client.zrange(k, 0, -1, withscores=True),
+        "stream": lambda k: client.xrange(k),
+    }
     for key in client.scan_iter(count=1000):
-        kind = client.type(key).decode()
-        value: Any = {
-            "string": lambda: client.get(key),
-            "hash": lambda: client.hgetall(key),
-            "list": lambda: client.lrange(key, 0, -1),
-            "set": lambda: client.smembers(key),
-            "zset": lambda: client.zrange(key, 0, -1, withscores=True),
-            "stream": lambda: client.xrange(key),
-        }.get(kind, lambda: b"")()
+        value: Any = read.get(client.type(key).decode(), lambda k: b"")(key)
         out.append(f"{key!r} {value!r}")
     client.close()
     return "\n".join(out)
@@ -119,9 +118,9 @@ def test_a_secret_sent_around_apply_async_is_refused_by_the_worker_not_run():
             await engine.run(ToolLoop(ToolRegistry([login])), {"task": "go"})  # starts the worker
             sent = engine.app.send_task("aaa.tool.login", kwargs={"arguments": {"user": "a", "password": "clear"}},
                                         queue=f"aaa-embedded-{engine.id}.default")
-            return await asyncio.to_thread(sent.get, timeout=30, propagate=False), sent
+            return await asyncio.to_thread(sent.get, timeout=30, propagate=False)
 
-    value, sent = asyncio.run(main())
+    value = asyncio.run(main())
     assert isinstance(value, ToolArgsError) and "arrived in clear" in str(value)
     assert received == []
 
@@ -156,3 +155,29 @@ def test_a_direct_call_takes_the_secret_in_clear():
     received.clear()
     assert asyncio.run(login(user="bo", password="pw")) == "logged in bo"
     assert received[0]["password"] == "pw"
+
+
+def test_a_secret_in_a_chained_signature_travels_sealed(redis_url):
+    """A chain's later steps travel inside the first step's message (kept in the store's
+    spec for recovery): their secrets are sealed when the signature is made."""
+    from celery import chain
+
+    received.clear()
+    first, second = (f"pw-{pysecrets.token_hex(8)}" for _ in range(2))
+
+    async def main() -> Any:
+        async with Engine(store=open_store(redis_url)) as engine:
+            LLMHandler(FakeLLMClient([text("nothing")])).attach(engine)
+            handler = ToolHandler(ToolRegistry([login]))
+            handler.attach(engine)
+            await engine.run(ToolLoop(ToolRegistry([login])), {"task": "go"})  # starts the worker
+            task = handler.task("login")
+            steps = chain(task.s(user="a", password=first, token="t1"),
+                          engine.app.tasks["aaa.tool.login"].si(arguments={"user": "b", "password": second}))
+            return await asyncio.to_thread(steps.apply_async().get, timeout=30)
+
+    assert asyncio.run(main()) == "logged in b"
+    assert sorted((r["user"], r["password"]) for r in received) == [("a", first), ("b", second)]
+    dump = redis_dump(redis_url)
+    assert "aaa_sealed" in dump
+    assert first not in dump and second not in dump
