@@ -37,7 +37,12 @@ from ..testing.ledger import END, EffectLedger
 from .app import TASKS, make_app
 
 WORKER_FAULTS = ("kill_main", "kill_child", "freeze_kill", "stop_cont")
-FAULT_KINDS = (*WORKER_FAULTS, "duplicate", "pg_kill")
+#: Faults of the store itself: a Redis store the run starts, with AOF (``appendfsync always``).
+#: ``store_pause``: ``CLIENT PAUSE ... WRITE`` for longer than the lease TTL, while calls run
+#: and finish; ``store_restart``: the store's redis-server killed -9 and started again on its
+#: data. Only in runs that name them in ``kinds``.
+STORE_FAULTS = ("store_pause", "store_restart")
+FAULT_KINDS = (*WORKER_FAULTS, "duplicate", "pg_kill", *STORE_FAULTS)
 
 
 @dataclass
@@ -110,7 +115,7 @@ def make_plan(config: ChaosConfig, nonce: str) -> Plan:
             sent_at=round(i / rate, 3),
         ))
     span = calls[-1].sent_at if calls else 0.0
-    kinds = list(config.kinds) or [k for k in FAULT_KINDS if k != "pg_kill"]
+    kinds = list(config.kinds) or [k for k in FAULT_KINDS if k != "pg_kill" and k not in STORE_FAULTS]
     if not config.kinds and (config.store or "").startswith("postgresql"):
         kinds.append("pg_kill")
     times = sorted(rng.uniform(1.5, span + 3.0) for _ in range(config.faults))
@@ -137,18 +142,26 @@ def segments(points: list[float], gap_s: float = 0.6) -> list[tuple[float, float
 class LocalRedis:
     """A throwaway ``redis-server`` on a free loopback port (stopped by its PID)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, aof: bool = False) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed: pass --broker redis://... or install it")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir = workdir
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.log = open(workdir / "redis.log", "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(workdir)], stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        persist = ["--appendonly", "yes", "--appendfsync", "always"] if aof else ["--appendonly", "no"]
+        self.command = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persist,
+                        "--dir", str(workdir)]
+        self._launch()
+
+    def _launch(self) -> None:
+        self.proc = subprocess.Popen(self.command, stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+        workdir = self.workdir
         import redis
 
         client = redis.Redis.from_url(self.url)
@@ -161,6 +174,22 @@ class LocalRedis:
                     raise RuntimeError(f"redis-server exited ({self.proc.returncode}); see {workdir}/redis.log")
                 time.sleep(0.05)
             raise RuntimeError("redis-server did not answer in 10 s")
+        finally:
+            client.close()
+
+    def restart(self) -> None:
+        """kill -9 the server, then start it again on its data (AOF) and port."""
+        kill9(self.proc.pid)
+        self.proc.wait(10)
+        self._launch()
+
+    def pause(self, seconds: float) -> None:
+        """``CLIENT PAUSE`` every write (and key expiry) for ``seconds``."""
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        try:
+            client.execute_command("CLIENT", "PAUSE", int(seconds * 1000), "WRITE")
         finally:
             client.close()
 
@@ -233,6 +262,8 @@ class ChaosRun:
         self.done: set[str] = set()
         self.t0 = 0.0
         self.redis: LocalRedis | None = None
+        #: The store's own redis-server, for the store faults.
+        self.store_redis: LocalRedis | None = None
         self.fault_error: BaseException | None = None
 
     # -- setup ------------------------------------------------------------------------
@@ -247,8 +278,8 @@ class ChaosRun:
             "AAA_CHAOS_MAX_ATTEMPTS": str(c.max_attempts),
             "AAA_CHAOS_GRACE": str(c.unclaimed_grace_s),
         }
-        if c.store:
-            env["AAA_CHAOS_STORE"] = c.store
+        if c.store or self.store_redis is not None:
+            env["AAA_CHAOS_STORE"] = c.store or self.store_redis.url  # type: ignore[union-attr]
         if c.baseline:
             env["AAA_CHAOS_BASELINE"] = "1"
         if c.visibility_timeout:
@@ -286,6 +317,9 @@ class ChaosRun:
                 self.redis = LocalRedis(self.workdir)
                 self.broker = self.redis.url
                 self.say(f"started redis-server on {self.broker} (pid {self.redis.proc.pid})")
+            if not c.store and not c.baseline and set(c.kinds) & set(STORE_FAULTS):
+                self.store_redis = LocalRedis(self.workdir / "store", aof=True)
+                self.say(f"started the store's redis-server (AOF) on {self.store_redis.url}")
             self.ledger_prefix = f"aaa:chaos:{self.nonce}"
             self.env = self._env()
             self.app = make_app(self.env)
@@ -317,6 +351,8 @@ class ChaosRun:
             self._stop_fleet()
             if self.redis is not None:
                 self.redis.stop()
+            if self.store_redis is not None:
+                self.store_redis.stop()
 
     def _drive(self) -> int:
         """Send on schedule, restart dead workers, show progress, then drain; returns how many
@@ -420,6 +456,9 @@ class ChaosRun:
         if kind == "pg_kill":
             self._pg_kill(fault)
             return
+        if kind in STORE_FAULTS:
+            self._store_fault(fault)
+            return
         w = self._pick_worker(fault)
         if w is None:
             fault.skipped = "no worker up"
@@ -455,6 +494,21 @@ class ChaosRun:
         lane = self.lanes.get(w.pid)
         if lane is not None and kind in ("kill_main", "freeze_kill"):
             lane.how = kind
+
+    def _store_fault(self, fault: Fault) -> None:
+        """Pause the store's writes past the lease TTL, or restart its server (AOF)."""
+        server = self.store_redis
+        if server is None:
+            fault.skipped = "no redis store of the run's own"
+            return
+        fault.done_at = self._now()
+        if fault.kind == "store_pause":
+            fault.target = f"store CLIENT PAUSE WRITE {fault.hold_s:.1f} s"
+            server.pause(fault.hold_s)
+            self.stop_event.wait(fault.hold_s)
+        else:
+            fault.target = f"store redis-server {server.proc.pid} kill -9, restarted on its AOF"
+            server.restart()
 
     def _pg_kill(self, fault: Fault) -> None:
         """Terminate one PostgreSQL backend of the store (a lease holder's, if any)."""
