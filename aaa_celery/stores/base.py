@@ -27,6 +27,7 @@ from ..lifecycle import (
     Writes,
     result_event,
 )
+from .runs import RunRecords
 
 if TYPE_CHECKING:
     from .ops import CallRecord
@@ -49,8 +50,8 @@ def plan_abandon(call: CallSpec, outcome: Outcome) -> Writes:
     return Writes(record=outcome, event=result_event(call, outcome))
 
 
-class Store(abc.ABC):
-    """Lease and attempt log of tool calls.
+class Store(RunRecords, abc.ABC):
+    """Lease and attempt log of tool calls, and the records of agent runs (:mod:`.runs`).
 
     ``worker`` arguments are free-form holder names (``hostname/pid``). Times are
     seconds; a store may use its server's clock. ``expires_at`` values are only

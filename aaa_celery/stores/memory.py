@@ -30,6 +30,7 @@ from ._writes import CallWriter, apply
 from .base import Store, new_token, plan_abandon, recovery_hold
 from .budgets import admits, check_spend, window_of
 from .ops import RESOLVED, CallRecord, plan_resolve
+from .runs_memory import DEFAULT_RUN_RETENTION, MemoryRuns
 
 
 @dataclass
@@ -89,13 +90,16 @@ class _Writer(CallWriter):
         self.call.registered_at = self.now
 
 
-class MemoryStore(Store):
-    """A store in a dict, guarded by one lock. ``clock`` can be injected for tests."""
+class MemoryStore(MemoryRuns, Store):
+    """A store in a dict, guarded by one lock. ``clock`` can be injected for tests;
+    ``run_retention`` bounds how many finished runs it keeps (:mod:`.runs_memory`)."""
 
     kind = "memory"
 
-    def __init__(self, url: str = "memory://", *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, url: str = "memory://", *, clock: Callable[[], float] = time.time,
+                 run_retention: int = DEFAULT_RUN_RETENTION) -> None:
         self.url = url
+        self.run_retention = run_retention
         self._clock = clock
         self._lock = threading.RLock()
         self._calls: dict[str, _Call] = {}

@@ -58,6 +58,7 @@ from ..config import GuardConfig
 from ..errors import ConfigError, UnsafeDeployment
 from ..lifecycle import BeginResult, CallSpec, Claimed, Lease
 from .base import new_token, wrap_errors
+from .runs_sql import SQLRuns
 from .sql import SQLStore, metadata
 
 _DRIVER_ERRORS = (exc.OperationalError, exc.InterfaceError)
@@ -163,7 +164,7 @@ def _engine_url(url: str) -> sa.URL:
     return sa.make_url(url).set(drivername="postgresql+psycopg")
 
 
-class PostgresStore(SQLStore):
+class PostgresStore(SQLRuns, SQLStore):
     """A store in PostgreSQL whose leases are session-level advisory locks.
 
     Args:

@@ -100,6 +100,7 @@ from ..lifecycle import (
 from .base import Store, new_token, wrap_errors
 from .budgets import EPSILON, check_spend
 from .ops import CallRecord, plan_resolve
+from .runs_redis import RedisRuns
 
 _SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "hand_on", "register", "claim_recovery", "abandon")
 _CALL_KEYS = ("spec", "attempts", "result", "lease", "events")
@@ -225,7 +226,7 @@ def _evalsha(client: Any, held: threading.local, script: Any, keys: list[str], a
     return script(keys=keys, args=args, client=client)
 
 
-class RedisStore(Store):
+class RedisStore(RedisRuns, Store):
     """Leases, attempts, results and events of tool calls in Redis or Redis Cluster.
 
     Args:

@@ -31,6 +31,7 @@ from sqlalchemy.pool import StaticPool
 from ..config import GuardConfig
 from ..lifecycle import BeginResult, CallSpec, Lease
 from .base import new_token, wrap_errors
+from .runs_sql import SQLRuns
 from .sql import SQLStore, metadata, renew_ttl_lease
 
 #: The execution option that marks a read-only transaction (a plain, deferred ``BEGIN``).
@@ -54,7 +55,7 @@ def _configure(engine: sa.Engine, busy_timeout_s: float) -> None:
         conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ) else "BEGIN IMMEDIATE")
 
 
-class SQLiteStore(SQLStore):
+class SQLiteStore(SQLRuns, SQLStore):
     """A store in an SQLite file (``sqlite:///path``), with TTL leases.
 
     Args:

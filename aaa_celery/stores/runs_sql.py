@@ -1,0 +1,195 @@
+"""Run records in the SQL stores (see :mod:`.runs`): four tables beside the calls' tables.
+
+``aaa_runs``
+    One row a run: the record as JSON, with its tenant (as an index key), times,
+    status and lease (holder, expiry: a TTL lease on both backends, renewed by the
+    driver's heartbeat).
+``aaa_run_events``
+    The run's events, primary key ``(run_id, seq)``.
+``aaa_run_turns``
+    The model's recorded answers, primary key ``(run_id, turn)``: first writer wins.
+``aaa_run_decisions``
+    Approval decisions, primary key ``(run_id, call_id, digest)``: first writer wins.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from .runs import ACTIVE, FINISHED, RunRecord, RunRecords, tenant_key
+from .sql import metadata
+
+runs = sa.Table(
+    "aaa_runs",
+    metadata,
+    sa.Column("run_id", sa.String, primary_key=True),
+    sa.Column("tenant_key", sa.String, nullable=False),
+    sa.Column("started_at", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Double, nullable=False),
+    sa.Column("status", sa.String, nullable=False),
+    sa.Column("record", sa.JSON, nullable=False),
+    sa.Column("lease_holder", sa.String),
+    sa.Column("lease_expires_at", sa.Double),
+    sa.Index("ix_aaa_runs_tenant_started", "tenant_key", "started_at", "run_id"),
+    sa.Index("ix_aaa_runs_started", "started_at", "run_id"),
+)
+
+run_events = sa.Table(
+    "aaa_run_events",
+    metadata,
+    sa.Column("run_id", sa.String, primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("event", sa.JSON, nullable=False),
+)
+
+run_turns = sa.Table(
+    "aaa_run_turns",
+    metadata,
+    sa.Column("run_id", sa.String, primary_key=True),
+    sa.Column("turn", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("response", sa.JSON, nullable=False),
+)
+
+run_decisions = sa.Table(
+    "aaa_run_decisions",
+    metadata,
+    sa.Column("run_id", sa.String, primary_key=True),
+    sa.Column("call_id", sa.String, primary_key=True),
+    sa.Column("digest", sa.String, primary_key=True),
+    sa.Column("decision", sa.JSON, nullable=False),
+)
+
+_RUN_TABLES = (run_events, run_turns, run_decisions, runs)
+#: Finished runs deleted per transaction by ``purge_runs``.
+_PURGE_PAGE = 500
+
+
+class SQLRuns(RunRecords):
+    """The run-record operations of the SQL stores."""
+
+    insert: Callable[[sa.Table], Any]
+    now: Callable[[], float]
+
+    _write: Callable[[], AbstractContextManager[Connection]]
+    _read: Callable[[], AbstractContextManager[Connection]]
+
+    def _view(self, conn: Connection, row: Any, now: float) -> RunRecord:
+        count = conn.execute(sa.select(sa.func.count()).where(run_events.c.run_id == row.run_id)).scalar_one()
+        live = row.lease_holder if row.lease_holder is not None and (row.lease_expires_at or 0) > now else None
+        return RunRecord.from_json(row.record, events=count, holder=live)
+
+    def put_run(self, record: RunRecord) -> None:
+        values = {"tenant_key": tenant_key(record.tenant), "started_at": record.started_at,
+                  "updated_at": record.updated_at, "status": record.status, "record": json.loads(record.to_json())}
+        with self._write() as conn:
+            stmt = self.insert(runs).values(run_id=record.run_id, **values)
+            conn.execute(stmt.on_conflict_do_update(index_elements=["run_id"], set_=values))
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        with self._read() as conn:
+            row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).one_or_none()
+            return self._view(conn, row, self.now()) if row is not None else None
+
+    def list_runs(self, *, tenant: str | None = None, all_tenants: bool = False, active: bool = False,
+                  limit: int = 50, before: tuple[float, str] | None = None) -> list[RunRecord]:
+        stmt = sa.select(runs)
+        if not all_tenants:
+            stmt = stmt.where(runs.c.tenant_key == tenant_key(tenant))
+        if active:
+            stmt = stmt.where(runs.c.status.in_(sorted(ACTIVE)))
+        if before is not None:
+            stmt = stmt.where(sa.tuple_(runs.c.started_at, runs.c.run_id) < sa.tuple_(*before))
+        stmt = stmt.order_by(runs.c.started_at.desc(), runs.c.run_id.desc()).limit(limit)
+        with self._read() as conn:
+            now = self.now()
+            return [self._view(conn, row, now) for row in conn.execute(stmt).all()]
+
+    def append_run_events(self, run_id: str, events: Sequence[dict[str, Any]]) -> None:
+        if not events:
+            return
+        with self._write() as conn:
+            count = conn.execute(sa.select(sa.func.count()).where(run_events.c.run_id == run_id)).scalar_one()
+            rows = []
+            for event in events:
+                if event["seq"] == count + 1:
+                    rows.append({"run_id": run_id, "seq": event["seq"], "event": event})
+                    count += 1
+            if rows:
+                conn.execute(run_events.insert(), rows)
+
+    def run_events(self, run_id: str, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        stmt = (sa.select(run_events.c.event).where(run_events.c.run_id == run_id, run_events.c.seq > after)
+                .order_by(run_events.c.seq))
+        if limit is not None:
+            stmt = stmt.limit(limit)
+        with self._read() as conn:
+            return list(conn.execute(stmt).scalars())
+
+    def record_turn(self, run_id: str, turn: int, response: dict[str, Any]) -> dict[str, Any]:
+        with self._write() as conn:
+            conn.execute(self.insert(run_turns).values(run_id=run_id, turn=turn, response=response)
+                         .on_conflict_do_nothing(index_elements=["run_id", "turn"]))
+            return conn.execute(sa.select(run_turns.c.response).where(
+                run_turns.c.run_id == run_id, run_turns.c.turn == turn)).scalar_one()  # type: ignore[no-any-return]
+
+    def recorded_turn(self, run_id: str, turn: int) -> dict[str, Any] | None:
+        with self._read() as conn:
+            return conn.execute(sa.select(run_turns.c.response).where(  # type: ignore[no-any-return]
+                run_turns.c.run_id == run_id, run_turns.c.turn == turn)).scalar_one_or_none()
+
+    def decide_approval(self, run_id: str, call_id: str, digest: str, decision: dict[str, Any]) -> bool:
+        with self._write() as conn:
+            if conn.execute(sa.select(runs.c.run_id).where(runs.c.run_id == run_id)).first() is None:
+                return False
+            done = conn.execute(self.insert(run_decisions)
+                                .values(run_id=run_id, call_id=call_id, digest=digest, decision=decision)
+                                .on_conflict_do_nothing(index_elements=["run_id", "call_id", "digest"])
+                                .returning(run_decisions.c.digest))
+            return done.first() is not None  # (rowcount is -1 on psycopg for ON CONFLICT)
+
+    def approval_decision(self, run_id: str, call_id: str, digest: str) -> dict[str, Any] | None:
+        with self._read() as conn:
+            return conn.execute(sa.select(run_decisions.c.decision).where(  # type: ignore[no-any-return]
+                run_decisions.c.run_id == run_id, run_decisions.c.call_id == call_id,
+                run_decisions.c.digest == digest)).scalar_one_or_none()
+
+    def lease_run(self, run_id: str, holder: str, ttl_s: float) -> bool:
+        with self._write() as conn:
+            now = self.now()
+            taken = conn.execute(
+                runs.update()
+                .where(runs.c.run_id == run_id,
+                       sa.or_(runs.c.lease_holder.is_(None), runs.c.lease_holder == holder,
+                              runs.c.lease_expires_at <= now))
+                .values(lease_holder=holder, lease_expires_at=now + ttl_s))
+            return taken.rowcount == 1
+
+    def release_run(self, run_id: str, holder: str) -> None:
+        with self._write() as conn:
+            conn.execute(runs.update().where(runs.c.run_id == run_id, runs.c.lease_holder == holder)
+                         .values(lease_holder=None, lease_expires_at=None))
+
+    def forget_run(self, run_id: str) -> None:
+        with self._write() as conn:
+            for table in _RUN_TABLES:
+                conn.execute(table.delete().where(table.c.run_id == run_id))
+
+    def purge_runs(self, before: float) -> int:
+        purged = 0
+        while True:
+            with self._write() as conn:
+                ids = list(conn.execute(
+                    sa.select(runs.c.run_id)
+                    .where(runs.c.status.in_(sorted(FINISHED)), runs.c.updated_at < before)
+                    .limit(_PURGE_PAGE)).scalars())
+                for table in _RUN_TABLES:
+                    conn.execute(table.delete().where(table.c.run_id.in_(ids)))
+            purged += len(ids)
+            if len(ids) < _PURGE_PAGE:
+                return purged

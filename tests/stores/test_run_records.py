@@ -1,0 +1,146 @@
+"""Run records (aaa_celery/stores/runs.py) on every backend: the part of the store
+interface that keeps agent runs (record, events, model turns, approval decisions,
+run lease), so that any process can list, read, decide and resume them."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from aaa_celery.stores.memory import MemoryStore
+from aaa_celery.stores.runs import RunRecord
+
+
+def new_run(tenant: str | None = "acme", started_at: float | None = None, status: str = "running",
+            **kw) -> RunRecord:
+    now = time.time() if started_at is None else started_at
+    return RunRecord(f"run-{uuid.uuid4().hex[:10]}", tenant, "ToolLoop", {"task": "refund A-100"}, status,
+                     now, now, **kw)
+
+
+def event(seq: int, type: str = "aaa.tool.requested") -> dict:
+    return {"seq": seq, "type": type, "run_id": "r", "data": {"n": seq}, "at": 1.0}
+
+
+def test_a_run_record_round_trips_through_another_store_instance(store_factory):
+    a, b = store_factory(), store_factory()
+    run = new_run(approvals={"c1": {"state": "open", "digest": "d" * 64, "arguments": {"amount": 30}}})
+    a.put_run(run)
+    got = b.get_run(run.run_id)
+    assert got is not None
+    assert (got.run_id, got.tenant, got.algo, got.input, got.status) == (
+        run.run_id, "acme", "ToolLoop", {"task": "refund A-100"}, "running")
+    assert got.approvals == run.approvals and got.events == 0 and got.holder is None
+    run.status, run.outcome = "completed", {"status": "completed", "value": {"text": "ok"}, "error": None}
+    a.put_run(run)
+    assert b.get_run(run.run_id).outcome["value"] == {"text": "ok"}
+    assert b.get_run("run-unknown") is None
+
+
+def test_runs_are_listed_per_tenant_newest_first_a_page_at_a_time(store_factory):
+    store = store_factory()
+    base = time.time()
+    acme = [new_run("acme", base + n) for n in range(7)]
+    other = [new_run("other", base + n + 0.5) for n in range(3)]
+    untenanted = new_run(None, base)
+    for run in [*acme, *other, untenanted]:
+        store.put_run(run)
+    want = [r.run_id for r in reversed(acme)]
+    first = store.list_runs(tenant="acme", limit=3)
+    assert [r.run_id for r in first] == want[:3]
+    second = store.list_runs(tenant="acme", limit=3, before=(first[-1].started_at, first[-1].run_id))
+    third = store.list_runs(tenant="acme", limit=3, before=(second[-1].started_at, second[-1].run_id))
+    assert [r.run_id for r in second + third] == want[3:]
+    assert [r.run_id for r in store.list_runs(tenant=None)] == [untenanted.run_id]
+    assert {r.run_id for r in store.list_runs(all_tenants=True, limit=100)} == {
+        r.run_id for r in [*acme, *other, untenanted]}
+    done = acme[2]
+    done.status = "completed"
+    store.put_run(done)
+    active = store.list_runs(tenant="acme", active=True, limit=100)
+    assert done.run_id not in {r.run_id for r in active} and len(active) == 6
+
+
+def test_events_append_in_order_once_and_read_from_a_cursor(store_factory):
+    a, b = store_factory(), store_factory()
+    run = new_run()
+    a.put_run(run)
+    a.append_run_events(run.run_id, [event(1), event(2)])
+    a.append_run_events(run.run_id, [event(2), event(3)])  # a retried append: 2 is not written twice
+    a.append_run_events(run.run_id, [event(5)])  # a gap: not the next one, not written
+    assert [e["seq"] for e in b.run_events(run.run_id)] == [1, 2, 3]
+    assert [e["seq"] for e in b.run_events(run.run_id, after=1)] == [2, 3]
+    assert [e["seq"] for e in b.run_events(run.run_id, after=1, limit=1)] == [2]
+    assert b.run_events(run.run_id, after=3) == []
+    assert b.run_events(run.run_id)[0]["data"] == {"n": 1}
+    assert b.get_run(run.run_id).events == 3
+
+
+def test_a_model_turn_is_recorded_once_first_writer_wins(store_factory):
+    a, b = store_factory(), store_factory()
+    run = new_run()
+    a.put_run(run)
+    assert a.recorded_turn(run.run_id, 0) is None
+    first = {"text": "", "tool_calls": [{"name": "refund", "arguments": {"amount": 30}, "id": "m1"}]}
+    assert a.record_turn(run.run_id, 0, first) == first
+    assert b.record_turn(run.run_id, 0, {"text": "other"}) == first
+    assert b.recorded_turn(run.run_id, 0) == first and b.recorded_turn(run.run_id, 1) is None
+
+
+def test_an_approval_is_decided_once_by_whichever_process_gets_there_first(store_factory):
+    a, b = store_factory(), store_factory()
+    run = new_run()
+    a.put_run(run)
+    call, digest = "acme:r:0.0.0123456789abcdef", "d" * 64
+    assert a.approval_decision(run.run_id, call, digest) is None
+    assert b.decide_approval(run.run_id, call, digest, {"granted": True, "reason": ""}) is True
+    assert a.decide_approval(run.run_id, call, digest, {"granted": False, "reason": "no"}) is False
+    assert a.approval_decision(run.run_id, call, digest) == {"granted": True, "reason": ""}
+    assert a.approval_decision(run.run_id, call, "e" * 64) is None  # another request of the same call
+    assert a.decide_approval("run-unknown", call, digest, {"granted": True}) is False
+
+
+def test_the_run_lease_is_held_by_one_driver_until_it_lapses_or_is_released(store_factory):
+    a, b = store_factory(), store_factory()
+    run = new_run()
+    a.put_run(run)
+    assert a.lease_run(run.run_id, "web-a", 30.0)
+    assert not b.lease_run(run.run_id, "web-b", 30.0)
+    assert a.lease_run(run.run_id, "web-a", 0.3)  # a renewal (here shorter)
+    assert b.get_run(run.run_id).holder == "web-a"
+    time.sleep(0.6)
+    assert b.get_run(run.run_id).holder is None and b.get_run(run.run_id).orphaned
+    assert b.lease_run(run.run_id, "web-b", 30.0)  # the lease lapsed: B takes the run over
+    assert not a.lease_run(run.run_id, "web-a", 30.0)  # and A's heartbeat learns it lost it
+    a.release_run(run.run_id, "web-a")  # not A's: nothing happens
+    assert a.get_run(run.run_id).holder == "web-b"
+    b.release_run(run.run_id, "web-b")
+    assert a.get_run(run.run_id).holder is None
+    assert not a.lease_run("run-unknown", "web-a", 30.0)
+
+
+def test_forget_and_purge_remove_runs_but_keep_the_ones_still_going(store_factory):
+    store = store_factory()
+    old = time.time() - 1000
+    finished = [new_run(status="completed", started_at=old) for _ in range(3)]
+    going = new_run(started_at=old)
+    for run in [*finished, going]:
+        store.put_run(run)
+        store.append_run_events(run.run_id, [event(1)])
+        store.record_turn(run.run_id, 0, {"text": "x"})
+    store.forget_run(finished[0].run_id)
+    assert store.get_run(finished[0].run_id) is None and store.run_events(finished[0].run_id) == []
+    assert store.purge_runs(time.time() - 500) == 2
+    assert [r.run_id for r in store.list_runs(tenant="acme", limit=100)] == [going.run_id]
+    assert store.recorded_turn(finished[1].run_id, 0) is None
+    assert store.get_run(going.run_id).events == 1
+
+
+def test_the_memory_store_keeps_at_most_run_retention_finished_runs():
+    store = MemoryStore(run_retention=5)
+    going = new_run()
+    store.put_run(going)
+    for _ in range(50):
+        store.put_run(new_run(status="completed"))
+    assert len(store.list_runs(tenant="acme", limit=100)) == 6
+    assert store.get_run(going.run_id) is not None
