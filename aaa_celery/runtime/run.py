@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import enum
 import time
@@ -20,11 +21,25 @@ from .approvals import (
     APPROVAL_REQUESTED,
     DENIED_MESSAGE,
     PendingApproval,
+    arguments_hash,
 )
 from .results import ToolFact, failed
+from .runstate import (
+    RunWriter,
+    fact_from_outcome,
+    off_loop,
+    response_from_dict,
+    RunRecord,
+    response_to_dict,
+    run_key,
+    stored_approval,
+)
 
 if TYPE_CHECKING:
     from .engine import Engine
+
+#: Statuses of a run that ended.
+_ENDED = ("completed", "failed", "cancelled")
 
 
 class AnyTenant(enum.Enum):
@@ -57,31 +72,71 @@ class RunOutcome:
 
 
 class RunHandle:
-    """A running algorithm: its id, events, approvals and outcome.
+    """A run of an algorithm: its id, events, approvals and outcome.
 
     ``events()`` lists every ``aaa.*`` event of the run in order;
     ``await result()`` waits for the :class:`RunOutcome`; ``signal()`` delivers
     the app's decisions (approvals). All of it may be used from any thread.
+
+    A handle either drives its run in this process (``start``, ``resume``), or is a
+    view of a run that another process drives (or drove), read from the store
+    (``Engine.get`` of a run this process does not drive): its approvals can be
+    decided from here, and ``result()`` waits for the outcome in the store.
     """
 
-    def __init__(self, engine: Engine, run_id: str, tenant: str | None) -> None:
+    def __init__(self, engine: Engine, run_id: str, tenant: str | None, *,
+                 record: RunRecord | None = None) -> None:
         self.engine = engine
         self.run_id = run_id
         self.tenant = tenant
-        self.started_at = time.time()
+        #: The run's key in the store: ``<tenant>:<run id>``.
+        self.key = run_key(tenant, run_id)
+        self.started_at = time.time() if record is None else record.started_at
+        #: How many times this run was resumed (after a process stopped driving it).
+        self.resumed = 0 if record is None else record.resumed
+        self.algo = "" if record is None else record.algo
+        self.input: Any = None if record is None else record.input
+        self._record = record  # a view of a stored run (no _task): what the store said
         self._events: list[dict[str, Any]] = []
+        self._seq0 = 0  # events already stored before this process drove the run (a resume)
         self._approvals: dict[str, PendingApproval] = {}
+        self._decided: dict[str, tuple[str, str]] = {}  # call id -> (state, reason) of a decided request
+        self._prior: dict[str, dict[str, Any]] = {}  # a resumed run's requests for approval, by call id
         self._turns = 0
+        self._llm_turns = 0
+        self._replaying = False
+        #: The run id was driven before (a resume, or a start of a known run id): its calls
+        #: may have results already.
+        self._driven_before = record is not None
+        self._writer: RunWriter | None = None
+        self._cancel_requested = False
+        self._lost = False  # another process took the run's lease over
         self._task: asyncio.Task[RunOutcome] = None  # type: ignore[assignment]
+
+    @property
+    def durable(self) -> bool:
+        """Whether the run's state is kept in the store (any process can read and resume it)."""
+        return bool(self.engine.durable)
+
+    @property
+    def detached(self) -> bool:
+        """Whether this handle is a view of a run that this process does not drive."""
+        return self._task is None and self._record is not None
 
     @property
     def done(self) -> bool:
         """Whether the run has ended (completed, failed or cancelled)."""
+        if self.detached:
+            assert self._record is not None
+            return self._record.status in _ENDED
         return self._task is not None and self._task.done()
 
     @property
     def status(self) -> str:
         """``running``, ``waiting`` (for a person), ``completed``, ``failed`` or ``cancelled``."""
+        if self.detached:
+            assert self._record is not None
+            return self._record.status
         if not self.done:
             return "waiting" if self.pending_approvals() else "running"
         if self._task.cancelled():
@@ -89,28 +144,89 @@ class RunHandle:
         return self._task.result().status
 
     @property
+    def orphaned(self) -> bool:
+        """A stored run that is still going but that nobody drives (its process died or stopped):
+        ``Engine.resume`` takes it on."""
+        return self.detached and self._record is not None and self._record.orphaned
+
+    @property
     def outcome(self) -> RunOutcome | None:
         """The outcome once the run ended, else None."""
+        if self.detached:
+            assert self._record is not None
+            found = self._record.outcome
+            return RunOutcome(self.run_id, **found) if found and self._record.status in _ENDED else None
         if not self.done or self._task.cancelled():
             return None
         return self._task.result()
 
+    def cancel(self) -> None:
+        """End the run as ``cancelled`` (recorded so; it is not resumed). Call from the engine's loop."""
+        if self._task is not None and not self._task.done():
+            self._cancel_requested = True
+            self._task.cancel()
+
     def emit(self, type: str, data: dict[str, Any]) -> None:
-        """Append an event (``seq`` numbers them from 1)."""
-        event = {"seq": len(self._events) + 1, "type": type, "run_id": self.run_id, "data": data, "at": time.time()}
+        """Append an event (``seq`` numbers them from 1, across every process that drove the run)."""
+        seq = self._seq0 + len(self._events) + 1
+        event = {"seq": seq, "type": type, "run_id": self.run_id, "data": data, "at": time.time()}
         self._events.append(event)
+        if self._writer is not None:
+            self._writer.event(event)
 
     def events(self, after: int = 0) -> list[dict[str, Any]]:
-        """Every ``aaa.*`` event of the run so far, in order (those with ``seq > after``)."""
-        return self._events[after:]
+        """Every ``aaa.*`` event of the run so far, in order (those with ``seq > after``).
+        Events of a run driven elsewhere (or before a resume) come from the store."""
+        if self.detached:
+            return self.engine.store.run_events(self.key, after)
+        earlier = self.engine.store.run_events(self.key, after, self._seq0 - after) if after < self._seq0 else []
+        return earlier + self._events[max(0, after - self._seq0):]
 
     async def result(self) -> RunOutcome:
-        """Wait for the run's outcome."""
-        return await asyncio.shield(self._task)
+        """Wait for the run's outcome (of a run driven elsewhere: as the store records it)."""
+        if not self.detached:
+            return await asyncio.shield(self._task)
+        delay = 0.05
+        while True:
+            record = await asyncio.to_thread(self.engine.store.get_run, self.key)
+            if record is None:
+                raise KeyError(f"run {self.run_id!r} is no longer in the store")
+            self._record = record
+            if self.outcome is not None:
+                return self.outcome
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 1.0)
 
     def pending_approvals(self) -> list[PendingApproval]:
         """This run's calls waiting for a person."""
+        if self.detached:
+            assert self._record is not None
+            return [stored_approval(a) for a in self._record.approvals.values() if a.get("state") == "open"
+                    and a.get("expires_at", 0) > time.time()]
         return [p for p in list(self._approvals.values()) if not p.decided]
+
+    @property
+    def cursor(self) -> tuple[float, str]:
+        """Where a page of runs that ends with this one ends (``list_runs(before=...)``)."""
+        return (self.started_at, self.key)
+
+    def _record_now(self, status: str | None = None, outcome: RunOutcome | None = None) -> RunRecord:
+        if status is None:
+            status = "waiting" if self.pending_approvals() else "running"
+        approvals = dict(self._prior)
+        for call_id, p in self._approvals.items():
+            state, reason = self._decided.get(call_id, ("open", ""))
+            approvals[call_id] = {**p.to_dict(), "args_hash": p.args_hash, "state": state, "reason": reason}
+        return RunRecord(
+            self.run_id, self.tenant, self.algo, self.input, status, self.started_at, time.time(),
+            None if outcome is None else {"status": outcome.status, "value": outcome.value, "error": outcome.error},
+            approvals, self.resumed,
+        )
+
+    def _touch(self, status: str | None = None, outcome: RunOutcome | None = None) -> None:
+        """Queue the run's record for the store (its status, approvals, outcome)."""
+        if self._writer is not None:
+            self._writer.record(self._record_now(status, outcome))
 
     def signal(self, type: str, data: dict[str, Any]) -> None:
         """Deliver an app-side signal: ``aaa.approval.granted`` / ``aaa.approval.denied``
@@ -125,6 +241,9 @@ class RunHandle:
         Other ``aaa.*`` types are reserved; any other type is recorded as an
         event. Safe to call from any thread.
         """
+        if self.detached:  # a run driven elsewhere: the decision goes through the store
+            self._signal(type, data)
+            return
         loop = self.engine.loop
         try:
             running = asyncio.get_running_loop()
@@ -144,23 +263,65 @@ class RunHandle:
             if type.startswith("aaa."):
                 raise ValueError(f"signal: {type!r} is reserved; the app may send {APPROVAL_GRANTED!r} or "
                                  f"{APPROVAL_DENIED!r}, or its own (non-aaa.) types")
+            if self.detached:
+                raise KeyError(f"run {self.run_id!r} is not driven by this process; only approvals can be "
+                               f"decided from here")
             self.emit(type, dict(data))
             return
         call_id = data.get("call_id")
-        pending = self._approvals.get(call_id) if isinstance(call_id, str) else None
-        if pending is None or pending.decided or pending._future is None:
-            raise KeyError(f"no pending approval for call_id {call_id!r} in run {self.run_id}")
+        if self.detached:
+            record = self.engine.store.get_run(self.key)
+            stored = record.approvals.get(call_id) if record is not None and isinstance(call_id, str) else None
+            pending = stored_approval(stored) if stored is not None and stored.get("state") == "open" else None
+            if pending is None:
+                raise KeyError(f"no pending approval for call_id {call_id!r} in run {self.run_id}")
+        else:
+            pending = self._approvals.get(call_id) if isinstance(call_id, str) else None
+            if pending is None or pending.decided or pending._future is None:
+                raise KeyError(f"no pending approval for call_id {call_id!r} in run {self.run_id}")
         pending.check(data)  # digest, arguments, tenant, expiry
         granted = type == APPROVAL_GRANTED
         reason = str(data.get("reason") or "")
-        self.emit(type, {"call_id": call_id, "name": pending.tool, **({"reason": reason} if reason else {})})
+        if self.durable and not self.engine.store.decide_approval(
+                self.key, pending.call_id, pending.digest, {"granted": granted, "reason": reason}):
+            raise KeyError(f"the approval of call_id {call_id!r} in run {self.run_id} was decided already")
+        if self.detached:
+            return  # the process that drives the run reads the decision from the store
+        assert pending._future is not None
+        self._decision(pending, granted, reason)
         pending._future.set_result((granted, reason))
+
+    def _decision(self, pending: PendingApproval, granted: bool, reason: str) -> None:
+        """Record a decision in the run (its event, and the request's state in the record)."""
+        self._decided[pending.call_id] = ("granted" if granted else "denied", reason)
+        self.emit(APPROVAL_GRANTED if granted else APPROVAL_DENIED,
+                  {"call_id": pending.call_id, "name": pending.tool, **({"reason": reason} if reason else {})})
+        self._touch()
 
     # -- what the algorithm calls ---------------------------------------------
     async def complete(self, request: LLMRequest) -> LLMResponse:
-        """Ask the model (the engine's LLM handler)."""
+        """Ask the model (the engine's LLM handler). A durable run records each answer; a
+        resumed run replays the recorded answers instead of asking again."""
+        turn, self._llm_turns = self._llm_turns, self._llm_turns + 1
+        writer = self._writer
+        if self._replaying and writer is not None:
+            recorded = await off_loop(writer.inline, self.engine.store.recorded_turn, self.key, turn)
+            if recorded is not None:
+                response = response_from_dict(recorded)
+                self.emit("aaa.llm.replayed", {"turn": turn, "text": response.text,
+                                               "tool_calls": len(response.tool_calls)})
+                return response
+            self._replaying = False  # the record ends here: from now on the model is asked
         response: LLMResponse = await self.engine.llm.complete(request)
-        data: dict[str, Any] = {"text": response.text, "tool_calls": len(response.tool_calls)}
+        if writer is not None:
+            try:  # first writer wins: a driver that lost the run cannot change what was recorded
+                recorded = await off_loop(writer.inline, self.engine.store.record_turn, self.key, turn,
+                                          response_to_dict(response))
+                response = response_from_dict(recorded)
+            except Exception as e:  # noqa: BLE001 - an unrecorded turn is asked again on a resume
+                writer.failures += 1
+                self.emit("aaa.llm.unrecorded", {"turn": turn, "error": f"{type(e).__name__}: {e}"})
+        data: dict[str, Any] = {"turn": turn, "text": response.text, "tool_calls": len(response.tool_calls)}
         if response.usage is not None:
             data["usage"] = response.usage.as_dict()
         self.emit("aaa.llm.completed", data)
@@ -198,6 +359,13 @@ class RunHandle:
             return failed(call_id, t.name, e)
         arguments = checked.canonical
         if t.requires_approval:  # a person sees (and approves) them with secrets redacted
+            # A call that already ran (a run driven again, or resumed) has its result in the
+            # store: nobody is asked to approve it again. (A new run's calls cannot have one.)
+            recorded = None
+            if self._driven_before:
+                recorded = await off_loop(self.engine.store.kind == "memory", self.engine.store.result, call_id)
+            if recorded is not None:
+                return self.engine.tools._shorten(t, fact_from_outcome(call_id, t.name, recorded))
             pending, reason = await self._approval(call_id, call, t, checked.shown)
             if pending is None:
                 return failed(call_id, t.name, ApprovalExpired(reason))
@@ -213,6 +381,20 @@ class RunHandle:
         except Exception as e:  # noqa: BLE001 - a broken send is a fact for the model, not a crash
             return failed(call_id, t.name, e)
 
+    def _resumed_request(self, call_id: str, arguments: dict[str, Any]) -> PendingApproval | None:
+        """The request for approval of ``call_id`` that a resumed run's record holds, if it was
+        for exactly these arguments (its digest, expiry and state carry over)."""
+        prior = self._prior.pop(call_id, None)
+        if prior is None:
+            return None
+        pending = stored_approval(prior)
+        if pending.args_hash != arguments_hash(arguments):
+            return None
+        state = prior.get("state", "open")
+        if state != "open":
+            self._decided[call_id] = (state, str(prior.get("reason") or ""))
+        return pending
+
     async def _approval(self, call_id: str, call: ToolCall, t: Tool,
                         arguments: dict[str, Any]) -> tuple[PendingApproval | None, str | None]:
         """Ask a person about exactly ``arguments`` and wait, at most ``engine.approval_ttl_s``.
@@ -220,37 +402,152 @@ class RunHandle:
         Returns ``(grant, None)`` when granted (the caller consumes the grant when it
         sends), ``(request, reason)`` when denied, and ``(None, message)`` when the
         request expired undecided.
+
+        A resumed run finds its request in the run's record: a decision taken on it (before
+        or while nobody drove the run) holds, and an open one is still decidable with the
+        digest shown.
         """
         future: asyncio.Future[tuple[bool, str]] = asyncio.get_running_loop().create_future()
-        pending = PendingApproval.request(
-            run_id=self.run_id, tenant=self.tenant, call_id=call_id, tool=t.name,
-            arguments=copy.deepcopy(arguments), ttl_s=self.engine.approval_ttl_s, tool_call_id=call.id, future=future,
-        )
+        pending = self._resumed_request(call_id, arguments)
+        if pending is not None and call_id in self._decided:
+            state, reason = self._decided[call_id]
+            self._approvals[call_id] = pending
+            pending._future = future
+            if state == "expired":
+                pending.expired = True
+                return None, (f"nobody approved the call within {self.engine.approval_ttl_s:g} s; it was not "
+                              f"sent. Ask for it again if it is still needed: a person must approve it again")
+            future.set_result((state == "granted", reason))
+            return pending, None if state == "granted" else reason
+        if pending is None:
+            pending = PendingApproval.request(
+                run_id=self.run_id, tenant=self.tenant, call_id=call_id, tool=t.name,
+                arguments=copy.deepcopy(arguments), ttl_s=self.engine.approval_ttl_s, tool_call_id=call.id,
+            )
+        pending._future = future
         self._approvals[call_id] = pending  # a new request replaces (and voids) an older one for this call id
         self.emit(
             APPROVAL_REQUESTED,
             {"call_id": call_id, "tool_call_id": call.id, "name": t.name, "arguments": pending.arguments,
              "tenant": self.tenant, "digest": pending.digest, "expires_at": pending.expires_at},
         )
-        try:
-            granted, reason = await asyncio.wait_for(
-                asyncio.shield(future), max(0.0, pending.expires_at - time.time()))
-        except TimeoutError:
-            if not future.done():
-                pending.expired = True
-                future.cancel()
-                self.emit(APPROVAL_EXPIRED, {"call_id": call_id, "name": t.name, "expires_at": pending.expires_at})
-                return None, (f"nobody approved the call within {self.engine.approval_ttl_s:g} s; it was not sent. "
-                              f"Ask for it again if it is still needed: a person must approve it again")
-            granted, reason = future.result()
+        self._touch()
+        if self._writer is not None:
+            await self._writer.drain()  # decidable from any process once this returns
+        granted, reason = await self._wait_decision(pending, future)
+        if granted is None:
+            return None, (f"nobody approved the call within {self.engine.approval_ttl_s:g} s; it was not sent. "
+                          f"Ask for it again if it is still needed: a person must approve it again")
         return pending, None if granted else reason
 
-    async def _drive(self, algo: Any, input: Any) -> RunOutcome:
-        self.emit("aaa.run.started", {"input": input, "tenant": self.tenant})
+    async def _wait_decision(self, pending: PendingApproval,
+                             future: asyncio.Future[tuple[bool, str]]) -> tuple[bool | None, str]:
+        """Wait for a decision: from this process (the future), or from any other (the store)."""
+        store, writer = self.engine.store, self._writer
+        poll = 0.1
+        while True:
+            remaining = pending.expires_at - time.time()
+            try:
+                wait = remaining if writer is None else min(remaining, poll)
+                return await asyncio.wait_for(asyncio.shield(future), max(0.0, wait))
+            except TimeoutError:
+                pass
+            if future.done():
+                return future.result()
+            if writer is not None:
+                found = await off_loop(writer.inline, store.approval_decision, self.key, pending.call_id,
+                                       pending.digest)
+                if found is None and pending.expires_at <= time.time():
+                    # the expiry is a decision too: a person's click that comes after it loses
+                    expired = {"granted": False, "expired": True, "reason": ""}
+                    if await off_loop(writer.inline, store.decide_approval, self.key, pending.call_id,
+                                      pending.digest, expired):
+                        found = expired
+                    else:
+                        found = await off_loop(writer.inline, store.approval_decision, self.key,
+                                               pending.call_id, pending.digest)
+                if found is not None and not future.done():
+                    if found.get("expired"):
+                        return self._expire(pending, future)
+                    granted, reason = bool(found.get("granted")), str(found.get("reason") or "")
+                    self._decision(pending, granted, reason)
+                    future.set_result((granted, reason))
+                    return granted, reason
+                if future.done():
+                    return future.result()
+                poll = min(poll * 1.5, 1.0)
+            elif pending.expires_at <= time.time():
+                return self._expire(pending, future)
+
+    def _expire(self, pending: PendingApproval, future: asyncio.Future[tuple[bool, str]]) -> tuple[None, str]:
+        pending.expired = True
+        future.cancel()
+        self._decided[pending.call_id] = ("expired", "")
+        self.emit(APPROVAL_EXPIRED, {"call_id": pending.call_id, "name": pending.tool,
+                                     "expires_at": pending.expires_at})
+        self._touch()
+        return None, ""
+
+    # -- driving ---------------------------------------------------------------
+    async def _drive(self, algo: Any, input: Any, *, resume: bool = False) -> RunOutcome:
+        engine = self.engine
+        heartbeat: asyncio.Task[None] | None = None
         try:
-            value = await algo.run(self, input)
-        except Exception as e:
-            self.emit("aaa.run.failed", {"error": type(e).__name__, "message": str(e)})
-            return RunOutcome(self.run_id, "failed", error=f"{type(e).__name__}: {e}")
-        self.emit("aaa.run.completed", {"value": value})
-        return RunOutcome(self.run_id, "completed", value)
+            if self.durable:
+                self._writer = RunWriter(engine.store, self.key)
+                self._replaying = resume
+                heartbeat = asyncio.get_running_loop().create_task(self._heartbeat())
+            if resume:
+                self.emit("aaa.run.resumed", {"resumed": self.resumed, "by": engine.holder})
+            else:
+                self.emit("aaa.run.started", {"input": input, "tenant": self.tenant})
+            self._touch()
+            try:
+                value = await algo.run(self, input)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.emit("aaa.run.failed", {"error": type(e).__name__, "message": str(e)})
+                outcome = RunOutcome(self.run_id, "failed", error=f"{type(e).__name__}: {e}")
+            else:
+                self.emit("aaa.run.completed", {"value": value})
+                outcome = RunOutcome(self.run_id, "completed", value)
+            self._touch(outcome.status, outcome)
+            await self._let_go()
+            return outcome
+        except asyncio.CancelledError:
+            if self._cancel_requested:
+                self.emit("aaa.run.cancelled", {})
+                self._touch("cancelled", RunOutcome(self.run_id, "cancelled"))
+            # else: this process stops driving the run (it closes, or lost the run's lease):
+            # the record stays as it was, and any process may resume the run
+            await self._let_go()
+            raise
+        finally:
+            if heartbeat is not None:
+                heartbeat.cancel()
+            engine._ended(self)
+
+    async def _let_go(self) -> None:
+        """Write what is queued, and give the run's lease back (unless another process took it)."""
+        writer = self._writer
+        if writer is None or self._lost:
+            return
+        await writer.drain()
+        with contextlib.suppress(Exception):
+            await off_loop(writer.inline, self.engine.store.release_run, self.key, self.engine.holder)
+
+    async def _heartbeat(self) -> None:
+        """Renew the run's lease; a driver that lost it (another process resumed the run) stops."""
+        engine, store = self.engine, self.engine.store
+        inline = store.kind == "memory"
+        while True:
+            await asyncio.sleep(engine.run_lease_s / 3)
+            try:
+                held = await off_loop(inline, store.lease_run, self.key, engine.holder, engine.run_lease_s)
+            except Exception:  # noqa: BLE001, S112 - store trouble: try again at the next beat
+                continue
+            if not held:
+                self._lost = True
+                self._task.cancel()
+                return

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from .approvals import APPROVAL_DENIED, APPROVAL_GRANTED, PendingApproval
 from .engine import Engine
-from .run import ANY_TENANT, AnyTenant, RunHandle, RunOutcome, in_scope
+from .run import ANY_TENANT, AnyTenant, RunHandle, RunOutcome
 
 T = TypeVar("T")
 
@@ -58,6 +58,20 @@ class SyncRunHandle:
     @property
     def done(self) -> bool:
         return self.handle.done
+
+    @property
+    def resumed(self) -> int:
+        """How many times the run was resumed (after a process stopped driving it)."""
+        return self.handle.resumed
+
+    @property
+    def orphaned(self) -> bool:
+        """Still going, but nobody drives it: ``SyncEngine.resume`` takes it on."""
+        return self.handle.orphaned
+
+    @property
+    def started_at(self) -> float:
+        return self.handle.started_at
 
     @property
     def outcome(self) -> RunOutcome | None:
@@ -107,6 +121,12 @@ class SyncEngine:
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"aaa-engine-{self.engine.id}", daemon=True)
         self._thread.start()
         self._closed = False
+        if self.engine.auto_resume:
+
+            async def sweep() -> None:
+                self.engine._use_loop()
+
+            self._call(sweep())
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         if self._closed:
@@ -149,10 +169,36 @@ class SyncEngine:
         another tenant's run)."""
         return SyncRunHandle(self, self.engine.get(run_id, tenant=tenant))
 
-    def runs(self, *, tenant: str | None | AnyTenant = ANY_TENANT) -> list[SyncRunHandle]:
-        """Every run this engine knows (of ``tenant``), newest first."""
-        handles = [h for h in list(self.engine.runs.values()) if in_scope(h.tenant, tenant)]
-        return [SyncRunHandle(self, h) for h in sorted(handles, key=lambda h: h.started_at, reverse=True)]
+    def runs(self, *, tenant: str | None | AnyTenant = ANY_TENANT, limit: int = 50,
+             before: tuple[float, str] | None = None) -> list[SyncRunHandle]:
+        """A page of runs (of ``tenant``) from the store, newest first (``Engine.list_runs``):
+        pass ``before=(h.started_at, h.run_id)`` of the last one for the next page."""
+        return [SyncRunHandle(self, h) for h in self.engine.list_runs(tenant=tenant, limit=limit, before=before)]
+
+    def resume(self, run_id: str, algo: Any = None, *,
+               tenant: str | None | AnyTenant = ANY_TENANT) -> SyncRunHandle:
+        """Drive on, in this process, a run whose process stopped (see ``Engine.resume``)."""
+
+        async def resume() -> RunHandle:
+            return self.engine.resume(run_id, algo, tenant=tenant)
+
+        return SyncRunHandle(self, self._call(resume()))
+
+    def resume_orphans(self, *, tenant: str | None | AnyTenant = ANY_TENANT) -> list[SyncRunHandle]:
+        """Resume every orphaned run whose algorithm this engine knows (``Engine.resume_orphans``)."""
+
+        async def resume() -> list[RunHandle]:
+            return self.engine.resume_orphans(tenant=tenant)
+
+        return [SyncRunHandle(self, h) for h in self._call(resume())]
+
+    def forget(self, run_id: str, *, tenant: str | None | AnyTenant = ANY_TENANT) -> None:
+        """Drop a run that ended (``Engine.forget``)."""
+        self.engine.forget(run_id, tenant=tenant)
+
+    def add_algo(self, algo: Any, name: str | None = None) -> str:
+        """Let this engine resume runs of ``algo`` (``Engine.add_algo``)."""
+        return self.engine.add_algo(algo, name)
 
     def pending_approvals(self, *, tenant: str | None | AnyTenant = ANY_TENANT) -> list[PendingApproval]:
         """Every call of every run (of ``tenant``) waiting for a person, oldest first."""

@@ -32,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..protocol import call_id
+
 #: Statuses of a run that is still going (someone must drive it).
 ACTIVE = frozenset({"running", "waiting"})
 #: Statuses of a run that ended.
@@ -43,7 +45,7 @@ class RunRecord:
     """A run as the store keeps it.
 
     Attributes:
-        run_id: the run's id (one tenant's: a run id names one run in a store).
+        run_id: the run's id (two tenants' runs of one id are two runs: see :attr:`key`).
         tenant: the run's tenant (None: no tenant).
         algo: the name of the algorithm that drives it (to resume it).
         input: the run's input (JSON).
@@ -92,8 +94,21 @@ class RunRecord:
         data = json.loads(raw) if isinstance(raw, str | bytes) else dict(raw)
         return cls(**data, events=events, holder=holder)
 
-    def tenant_key(self) -> str:
-        return tenant_key(self.tenant)
+    @property
+    def key(self) -> str:
+        """The run's key in the store: ``<tenant>:<run id>`` (escaped as a call id's first two
+        parts), so two tenants' runs with one run id are two runs."""
+        return run_key(self.tenant, self.run_id)
+
+    @property
+    def cursor(self) -> tuple[float, str]:
+        """Where a page of ``list_runs`` that ends with this run ends (its ``before`` for the next)."""
+        return (self.started_at, self.key)
+
+
+def run_key(tenant: str | None, run_id: str) -> str:
+    """The store key of run ``run_id`` of ``tenant``: the prefix of each of its calls' ids."""
+    return call_id(tenant, run_id, "r")[:-2]
 
 
 def tenant_key(tenant: str | None) -> str:
@@ -113,53 +128,59 @@ class RunRecords:
         active) in step. Only the run's lease holder writes it."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run records")
 
-    def get_run(self, run_id: str) -> RunRecord | None:
-        """A run's record with its event count and live lease holder, None if unknown."""
+    def get_run(self, key: str) -> RunRecord | None:
+        """The record of the run with this :attr:`~RunRecord.key`, with its event count and live
+        lease holder; None if unknown. (Every operation on one run takes its key.)"""
         raise NotImplementedError(f"{type(self).__name__} keeps no run records")
 
     def list_runs(self, *, tenant: str | None = None, all_tenants: bool = False, active: bool = False,
                   limit: int = 50, before: tuple[float, str] | None = None) -> list[RunRecord]:
         """Up to ``limit`` runs of ``tenant`` (every tenant's with ``all_tenants``), newest
-        first by ``(started_at, run_id)``, those older than the cursor ``before`` (the last
-        run of the page before); only runs still going with ``active``."""
+        first by ``(started_at, key)``, those older than the cursor ``before`` (the
+        :attr:`~RunRecord.cursor` of the last run of the page before); only runs still going
+        with ``active``."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run records")
 
-    def append_run_events(self, run_id: str, events: Sequence[dict[str, Any]]) -> None:
+    def find_runs(self, run_id: str) -> list[RunRecord]:
+        """Every tenant's run with this run id (an operator's lookup by id alone)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no run records")
+
+    def append_run_events(self, key: str, events: Sequence[dict[str, Any]]) -> None:
         """Append events (each with its ``seq``, 1, 2, ...): an event is kept only if its
         ``seq`` is the next one, so a retried append writes nothing twice."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run records")
 
-    def run_events(self, run_id: str, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+    def run_events(self, key: str, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         """The run's events with ``seq > after``, in order (at most ``limit``)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run records")
 
-    def record_turn(self, run_id: str, turn: int, response: dict[str, Any]) -> dict[str, Any]:
+    def record_turn(self, key: str, turn: int, response: dict[str, Any]) -> dict[str, Any]:
         """Record the model's answer of a turn, first writer wins; returns the recorded one."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run records")
 
-    def recorded_turn(self, run_id: str, turn: int) -> dict[str, Any] | None:
+    def recorded_turn(self, key: str, turn: int) -> dict[str, Any] | None:
         """The model's recorded answer of a turn, if any."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run records")
 
-    def decide_approval(self, run_id: str, call_id: str, digest: str, decision: dict[str, Any]) -> bool:
+    def decide_approval(self, key: str, call_id: str, digest: str, decision: dict[str, Any]) -> bool:
         """Record a person's decision on the request ``digest``: True for the first decision
         only (a request is decided once, by whichever process gets there first)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run records")
 
-    def approval_decision(self, run_id: str, call_id: str, digest: str) -> dict[str, Any] | None:
+    def approval_decision(self, key: str, call_id: str, digest: str) -> dict[str, Any] | None:
         """The decision recorded on the request ``digest``, if any."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run records")
 
-    def lease_run(self, run_id: str, holder: str, ttl_s: float) -> bool:
+    def lease_run(self, key: str, holder: str, ttl_s: float) -> bool:
         """Take the run's lease for ``ttl_s`` seconds, or renew it: True if ``holder`` holds
         it now (it was free, it lapsed, or ``holder`` held it); False if another holds it."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run records")
 
-    def release_run(self, run_id: str, holder: str) -> None:
+    def release_run(self, key: str, holder: str) -> None:
         """Give the run's lease back, if ``holder`` holds it."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run records")
 
-    def forget_run(self, run_id: str) -> None:
+    def forget_run(self, key: str) -> None:
         """Delete a run's record, events, turns and decisions (its calls stay)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run records")
 
@@ -169,4 +190,4 @@ class RunRecords:
         raise NotImplementedError(f"{type(self).__name__} keeps no run records")
 
 
-__all__ = ["ACTIVE", "FINISHED", "RunRecord", "RunRecords", "tenant_key"]
+__all__ = ["ACTIVE", "FINISHED", "RunRecord", "RunRecords", "run_key", "tenant_key"]

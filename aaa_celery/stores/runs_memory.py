@@ -57,23 +57,24 @@ class MemoryRuns(RunRecords):
     def put_run(self, record: RunRecord) -> None:
         with self._lock:
             stored = RunRecord.from_json(record.to_json())
-            run = self._runs.get(record.run_id)
+            key = record.key
+            run = self._runs.get(key)
             if run is None:
-                self._runs[record.run_id] = _Run(stored)
+                self._runs[key] = _Run(stored)
             else:
                 run.record = stored
             if stored.status in FINISHED:
-                self._finished[record.run_id] = None
-                self._finished.move_to_end(record.run_id)
+                self._finished[key] = None
+                self._finished.move_to_end(key)
                 while len(self._finished) > self.run_retention:
                     old, _ = self._finished.popitem(last=False)
                     self._runs.pop(old, None)
             else:
-                self._finished.pop(record.run_id, None)
+                self._finished.pop(key, None)
 
-    def get_run(self, run_id: str) -> RunRecord | None:
+    def get_run(self, key: str) -> RunRecord | None:
         with self._lock:
-            run = self._runs.get(run_id)
+            run = self._runs.get(key)
             return self._view(run) if run is not None else None
 
     def list_runs(self, *, tenant: str | None = None, all_tenants: bool = False, active: bool = False,
@@ -82,58 +83,62 @@ class MemoryRuns(RunRecords):
             found = [
                 r for r in self._runs.values()
                 if (all_tenants or r.record.tenant == tenant) and (not active or r.record.active)
-                and (before is None or (r.record.started_at, r.record.run_id) < tuple(before))
+                and (before is None or r.record.cursor < tuple(before))
             ]
-            found.sort(key=lambda r: (r.record.started_at, r.record.run_id), reverse=True)
+            found.sort(key=lambda r: r.record.cursor, reverse=True)
             return [self._view(r) for r in found[:limit]]
 
-    def append_run_events(self, run_id: str, events: Sequence[dict[str, Any]]) -> None:
+    def find_runs(self, run_id: str) -> list[RunRecord]:
         with self._lock:
-            run = self._runs.get(run_id)
+            return [self._view(r) for r in self._runs.values() if r.record.run_id == run_id]
+
+    def append_run_events(self, key: str, events: Sequence[dict[str, Any]]) -> None:
+        with self._lock:
+            run = self._runs.get(key)
             if run is None:
                 return
             for event in events:
                 if event["seq"] == len(run.events) + 1:
                     run.events.append(copy.deepcopy(event))
 
-    def run_events(self, run_id: str, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+    def run_events(self, key: str, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         with self._lock:
-            run = self._runs.get(run_id)
+            run = self._runs.get(key)
             if run is None:
                 return []
             end = None if limit is None else max(0, after) + limit
             return copy.deepcopy(run.events[max(0, after):end])
 
-    def record_turn(self, run_id: str, turn: int, response: dict[str, Any]) -> dict[str, Any]:
+    def record_turn(self, key: str, turn: int, response: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
-            run = self._runs.get(run_id)
+            run = self._runs.get(key)
             if run is None:
                 return response
             return copy.deepcopy(run.turns.setdefault(turn, copy.deepcopy(response)))
 
-    def recorded_turn(self, run_id: str, turn: int) -> dict[str, Any] | None:
+    def recorded_turn(self, key: str, turn: int) -> dict[str, Any] | None:
         with self._lock:
-            run = self._runs.get(run_id)
+            run = self._runs.get(key)
             found = run.turns.get(turn) if run is not None else None
             return copy.deepcopy(found)
 
-    def decide_approval(self, run_id: str, call_id: str, digest: str, decision: dict[str, Any]) -> bool:
+    def decide_approval(self, key: str, call_id: str, digest: str, decision: dict[str, Any]) -> bool:
         with self._lock:
-            run = self._runs.get(run_id)
+            run = self._runs.get(key)
             if run is None or (call_id, digest) in run.decisions:
                 return False
             run.decisions[(call_id, digest)] = copy.deepcopy(decision)
             return True
 
-    def approval_decision(self, run_id: str, call_id: str, digest: str) -> dict[str, Any] | None:
+    def approval_decision(self, key: str, call_id: str, digest: str) -> dict[str, Any] | None:
         with self._lock:
-            run = self._runs.get(run_id)
+            run = self._runs.get(key)
             found = run.decisions.get((call_id, digest)) if run is not None else None
             return copy.deepcopy(found)
 
-    def lease_run(self, run_id: str, holder: str, ttl_s: float) -> bool:
+    def lease_run(self, key: str, holder: str, ttl_s: float) -> bool:
         with self._lock:
-            run = self._runs.get(run_id)
+            run = self._runs.get(key)
             if run is None:
                 return False
             now = self.now()
@@ -142,16 +147,16 @@ class MemoryRuns(RunRecords):
             run.holder, run.lease_until = holder, now + ttl_s
             return True
 
-    def release_run(self, run_id: str, holder: str) -> None:
+    def release_run(self, key: str, holder: str) -> None:
         with self._lock:
-            run = self._runs.get(run_id)
+            run = self._runs.get(key)
             if run is not None and run.holder == holder:
                 run.holder, run.lease_until = None, 0.0
 
-    def forget_run(self, run_id: str) -> None:
+    def forget_run(self, key: str) -> None:
         with self._lock:
-            self._runs.pop(run_id, None)
-            self._finished.pop(run_id, None)
+            self._runs.pop(key, None)
+            self._finished.pop(key, None)
 
     def purge_runs(self, before: float) -> int:
         with self._lock:

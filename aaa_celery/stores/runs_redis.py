@@ -1,14 +1,19 @@
 """Run records in the Redis store (see :mod:`.runs`), Redis Cluster safe.
 
 A run's keys and its shard's indexes carry one hash tag: the run's shard is
-``crc32(run_id) % shards`` and its tag ``{<prefix>:r<shard>}``, so each script
+``crc32(key) % shards`` and its tag ``{<prefix>:r<shard>}``, so each script
 touches one hash slot. Keys, with ``<t>`` the shard's ``<prefix>:{<prefix>:r<shard>}``:
 
 - ``<t>:run:<run_id>``: the record (JSON); ``...:events`` (a list, event ``seq`` n at
   index n-1), ``...:turns`` (a hash, turn -> answer), ``...:decisions`` (a hash,
   ``<call_id> <digest>`` -> decision), ``...:lease`` (the holder, with a TTL);
 - ``<t>:runs`` and ``<t>:runs:<tenant as JSON>``: the shard's runs by start time
-  (sorted sets), ``<t>:active``: the shard's runs still going (a set).
+  (sorted sets), ``<t>:active``: the shard's runs still going (a set);
+- ``<t'>:named:<run_id>``: the keys of every tenant's run with that run id (in the
+  shard of the run id, so written apart from the run's own keys).
+
+A run's key is ``<tenant>:<run id>`` (:func:`~aaa_celery.stores.runs.run_key`); its
+shard is ``crc32(key) % shards``.
 
 A finished run's keys expire after the store's ``retention_s``; index entries of
 expired runs are dropped when a read or ``purge_runs`` meets them. Listing merges
@@ -30,7 +35,7 @@ _PAGE = 200
 
 
 class _Newest:
-    """A sort key that puts the newest ``(started_at, run_id)`` first."""
+    """A sort key that puts the newest ``(started_at, key)`` first."""
 
     __slots__ = ("entry",)
 
@@ -54,12 +59,16 @@ class RedisRuns(RunRecords):
     def _run_tag(self, shard: int) -> str:
         return f"{self.key_prefix}:{{{self.key_prefix}:r{shard}}}"
 
-    def _run_shard(self, run_id: str) -> int:
-        return zlib.crc32(run_id.encode("utf-8")) % self.shards
+    def _run_shard(self, key: str) -> int:
+        return zlib.crc32(key.encode("utf-8")) % self.shards
 
-    def _run_key(self, run_id: str, part: str = "") -> str:
-        base = f"{self._run_tag(self._run_shard(run_id))}:run:{run_id}"
+    def _run_key(self, key: str, part: str = "") -> str:
+        base = f"{self._run_tag(self._run_shard(key))}:run:{key}"
         return f"{base}:{part}" if part else base
+
+    def _named(self, run_id: str) -> str:
+        """The set of the keys of every tenant's run with this run id (in the shard of the run id)."""
+        return f"{self._run_tag(self._run_shard(run_id))}:named:{run_id}"
 
     def _run_script(self, name: str, keys: list[str], args: list[Any]) -> Any:
         from .redis import _ERRORS, _lua
@@ -79,29 +88,40 @@ class RedisRuns(RunRecords):
             fill(pipe)
             return pipe.execute()  # type: ignore[no-any-return]
 
-    def _read_runs(self, run_ids: Sequence[str]) -> list[RunRecord | None]:
+    def _read_runs(self, keys: Sequence[str]) -> list[RunRecord | None]:
         def fill(pipe: Any) -> None:
-            for run_id in run_ids:
-                pipe.get(self._run_key(run_id))
-                pipe.llen(self._run_key(run_id, "events"))
-                pipe.get(self._run_key(run_id, "lease"))
+            for key in keys:
+                pipe.get(self._run_key(key))
+                pipe.llen(self._run_key(key, "events"))
+                pipe.get(self._run_key(key, "lease"))
 
-        replies = self._pipe(fill) if run_ids else []
+        replies = self._pipe(fill) if keys else []
         out: list[RunRecord | None] = []
-        for n in range(len(run_ids)):
+        for n in range(len(keys)):
             raw, count, holder = replies[3 * n: 3 * n + 3]
             out.append(RunRecord.from_json(raw, events=int(count), holder=holder) if raw else None)
         return out
 
     def put_run(self, record: RunRecord) -> None:
-        tag = self._run_tag(self._run_shard(record.run_id))
-        keys = [self._run_key(record.run_id), f"{tag}:runs:{tenant_key(record.tenant)}", f"{tag}:runs",
-                f"{tag}:active", *(self._run_key(record.run_id, p) for p in ("events", "turns", "decisions"))]
-        self._run_script("run_put", keys, [record.run_id, record.to_json(), repr(record.started_at),
+        key = record.key
+        tag = self._run_tag(self._run_shard(key))
+        keys = [self._run_key(key), f"{tag}:runs:{tenant_key(record.tenant)}", f"{tag}:runs",
+                f"{tag}:active", *(self._run_key(key, p) for p in ("events", "turns", "decisions"))]
+        self._run_script("run_put", keys, [key, record.to_json(), repr(record.started_at),
                                            "1" if record.active else "0", self.retention_s])
+        if record.active:  # the lookup by run id alone (another slot: its own command)
+            self._pipe(lambda pipe: pipe.sadd(self._named(record.run_id), key))
 
-    def get_run(self, run_id: str) -> RunRecord | None:
-        return self._read_runs([run_id])[0]
+    def get_run(self, key: str) -> RunRecord | None:
+        return self._read_runs([key])[0]
+
+    def find_runs(self, run_id: str) -> list[RunRecord]:
+        keys = sorted(self._pipe(lambda pipe: pipe.smembers(self._named(run_id)))[0])
+        found = [r for r in self._read_runs(keys) if r is not None and r.run_id == run_id]
+        if len(found) < len(keys):  # drop the keys of runs that expired
+            gone = set(keys) - {r.key for r in found}
+            self._pipe(lambda pipe: pipe.srem(self._named(run_id), *gone))
+        return found
 
     def _shard_page(self, key: str, before: tuple[float, str] | None) -> Iterator[tuple[float, str]]:
         """A shard index's entries older than ``before``, newest first, a page at a time."""
@@ -109,9 +129,9 @@ class RedisRuns(RunRecords):
         while True:
             page = self._pipe(lambda pipe: pipe.zrevrangebyscore(key, top, "-inf", start=offset, num=_PAGE,
                                                                    withscores=True))[0]
-            for run_id, score in page:
-                if before is None or (score, run_id) < tuple(before):
-                    yield score, run_id
+            for key, score in page:
+                if before is None or (score, key) < tuple(before):
+                    yield score, key
             if len(page) < _PAGE:
                 return
             offset += len(page)
@@ -123,8 +143,8 @@ class RedisRuns(RunRecords):
                                                              for n in range(self.shards)]) for i in found]
             records = [r for r in self._read_runs(ids) if r is not None and r.active
                        and (all_tenants or r.tenant == tenant)
-                       and (before is None or (r.started_at, r.run_id) < tuple(before))]
-            records.sort(key=lambda r: (r.started_at, r.run_id), reverse=True)
+                       and (before is None or r.cursor < tuple(before))]
+            records.sort(key=lambda r: r.cursor, reverse=True)
             return records[:limit]
         index = "runs" if all_tenants else f"runs:{tenant_key(tenant)}"
         merged = heapq.merge(*(self._shard_page(f"{self._run_tag(n)}:{index}", before) for n in range(self.shards)),
@@ -134,70 +154,72 @@ class RedisRuns(RunRecords):
             batch = [entry for _, entry in zip(range(limit - len(out)), merged, strict=False)]
             if not batch:
                 break
-            for (_, run_id), record in zip(batch, self._read_runs([i for _, i in batch]), strict=True):
+            for _, record in zip(batch, self._read_runs([i for _, i in batch]), strict=True):
                 if record is not None:
                     out.append(record)
         return out
 
-    def append_run_events(self, run_id: str, events: Sequence[dict[str, Any]]) -> None:
+    def append_run_events(self, key: str, events: Sequence[dict[str, Any]]) -> None:
         if events:
             args = [x for e in events for x in (e["seq"], dumps(e))]
-            self._run_script("run_append", [self._run_key(run_id, "events"), self._run_key(run_id)], args)
+            self._run_script("run_append", [self._run_key(key, "events"), self._run_key(key)], args)
 
-    def run_events(self, run_id: str, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+    def run_events(self, key: str, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         end = -1 if limit is None else max(0, after) + limit - 1
         if limit == 0:
             return []
-        raw = self._pipe(lambda pipe: pipe.lrange(self._run_key(run_id, "events"), max(0, after), end))[0]
+        raw = self._pipe(lambda pipe: pipe.lrange(self._run_key(key, "events"), max(0, after), end))[0]
         return [json.loads(e) for e in raw]
 
-    def record_turn(self, run_id: str, turn: int, response: dict[str, Any]) -> dict[str, Any]:
-        key = self._run_key(run_id, "turns")
+    def record_turn(self, key: str, turn: int, response: dict[str, Any]) -> dict[str, Any]:
+        key = self._run_key(key, "turns")
 
         def fill(pipe: Any) -> None:
             pipe.hsetnx(key, str(turn), dumps(response))
             pipe.hget(key, str(turn))
-            pipe.ttl(self._run_key(run_id))
+            pipe.ttl(self._run_key(key))
 
         _, raw, ttl = self._pipe(fill)
         if ttl and ttl > 0:
             self._pipe(lambda pipe: pipe.expire(key, ttl))
         return json.loads(raw)  # type: ignore[no-any-return]
 
-    def recorded_turn(self, run_id: str, turn: int) -> dict[str, Any] | None:
-        raw = self._pipe(lambda pipe: pipe.hget(self._run_key(run_id, "turns"), str(turn)))[0]
+    def recorded_turn(self, key: str, turn: int) -> dict[str, Any] | None:
+        raw = self._pipe(lambda pipe: pipe.hget(self._run_key(key, "turns"), str(turn)))[0]
         return json.loads(raw) if raw else None
 
-    def decide_approval(self, run_id: str, call_id: str, digest: str, decision: dict[str, Any]) -> bool:
-        keys = [self._run_key(run_id, "decisions"), self._run_key(run_id)]
+    def decide_approval(self, key: str, call_id: str, digest: str, decision: dict[str, Any]) -> bool:
+        keys = [self._run_key(key, "decisions"), self._run_key(key)]
         return bool(self._run_script("run_decide", keys, [f"{call_id} {digest}", dumps(decision)]))
 
-    def approval_decision(self, run_id: str, call_id: str, digest: str) -> dict[str, Any] | None:
-        raw = self._pipe(lambda pipe: pipe.hget(self._run_key(run_id, "decisions"), f"{call_id} {digest}"))[0]
+    def approval_decision(self, key: str, call_id: str, digest: str) -> dict[str, Any] | None:
+        raw = self._pipe(lambda pipe: pipe.hget(self._run_key(key, "decisions"), f"{call_id} {digest}"))[0]
         return json.loads(raw) if raw else None
 
-    def lease_run(self, run_id: str, holder: str, ttl_s: float) -> bool:
-        keys = [self._run_key(run_id, "lease"), self._run_key(run_id)]
+    def lease_run(self, key: str, holder: str, ttl_s: float) -> bool:
+        keys = [self._run_key(key, "lease"), self._run_key(key)]
         return bool(self._run_script("run_lease", keys, [holder, max(1, round(ttl_s * 1000))]))
 
-    def release_run(self, run_id: str, holder: str) -> None:
-        self._run_script("run_release", [self._run_key(run_id, "lease")], [holder])
+    def release_run(self, key: str, holder: str) -> None:
+        self._run_script("run_release", [self._run_key(key, "lease")], [holder])
 
-    def _drop(self, run_id: str, tenant: str | None) -> None:
-        tag = self._run_tag(self._run_shard(run_id))
+    def _drop(self, key: str, record: RunRecord | None) -> None:
+        tag = self._run_tag(self._run_shard(key))
 
         def fill(pipe: Any) -> None:
             for part in ("", "events", "turns", "decisions", "lease"):
-                pipe.delete(self._run_key(run_id, part))
-            pipe.zrem(f"{tag}:runs", run_id)
-            pipe.zrem(f"{tag}:runs:{tenant_key(tenant)}", run_id)
-            pipe.srem(f"{tag}:active", run_id)
+                pipe.delete(self._run_key(key, part))
+            pipe.zrem(f"{tag}:runs", key)
+            if record is not None:
+                pipe.zrem(f"{tag}:runs:{tenant_key(record.tenant)}", key)
+            pipe.srem(f"{tag}:active", key)
 
         self._pipe(fill)
+        if record is not None:
+            self._pipe(lambda pipe: pipe.srem(self._named(record.run_id), key))
 
-    def forget_run(self, run_id: str) -> None:
-        record = self.get_run(run_id)
-        self._drop(run_id, record.tenant if record is not None else None)
+    def forget_run(self, key: str) -> None:
+        self._drop(key, self.get_run(key))
 
     def purge_runs(self, before: float) -> int:
         purged = 0
@@ -206,10 +228,10 @@ class RedisRuns(RunRecords):
             ids = self._pipe(lambda pipe, key=key: pipe.zrangebyscore(key, "-inf", repr(before)))[0]
             for start in range(0, len(ids), _PAGE):
                 page = ids[start:start + _PAGE]
-                for run_id, record in zip(page, self._read_runs(page), strict=True):
+                for run, record in zip(page, self._read_runs(page), strict=True):
                     if record is None:  # its keys expired with the retention: drop its index entries
-                        self._pipe(lambda pipe, run_id=run_id, key=key: pipe.zrem(key, run_id))
+                        self._pipe(lambda pipe, run=run, key=key: pipe.zrem(key, run))
                     elif record.status in FINISHED and record.updated_at < before:
-                        self._drop(run_id, record.tenant)
+                        self._drop(run, record)
                         purged += 1
         return purged

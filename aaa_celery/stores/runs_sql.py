@@ -1,15 +1,15 @@
 """Run records in the SQL stores (see :mod:`.runs`): four tables beside the calls' tables.
 
 ``aaa_runs``
-    One row a run: the record as JSON, with its tenant (as an index key), times,
+    One row a run, by its key (``<tenant>:<run id>``): the record as JSON, with its run id, tenant (as an index key), times,
     status and lease (holder, expiry: a TTL lease on both backends, renewed by the
     driver's heartbeat).
 ``aaa_run_events``
-    The run's events, primary key ``(run_id, seq)``.
+    The run's events, primary key ``(run_key, seq)``.
 ``aaa_run_turns``
-    The model's recorded answers, primary key ``(run_id, turn)``: first writer wins.
+    The model's recorded answers, primary key ``(run_key, turn)``: first writer wins.
 ``aaa_run_decisions``
-    Approval decisions, primary key ``(run_id, call_id, digest)``: first writer wins.
+    Approval decisions, primary key ``(run_key, call_id, digest)``: first writer wins.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from .sql import metadata
 runs = sa.Table(
     "aaa_runs",
     metadata,
-    sa.Column("run_id", sa.String, primary_key=True),
+    sa.Column("run_key", sa.String, primary_key=True),
+    sa.Column("run_id", sa.String, nullable=False, index=True),
     sa.Column("tenant_key", sa.String, nullable=False),
     sa.Column("started_at", sa.Double, nullable=False),
     sa.Column("updated_at", sa.Double, nullable=False),
@@ -36,14 +37,14 @@ runs = sa.Table(
     sa.Column("record", sa.JSON, nullable=False),
     sa.Column("lease_holder", sa.String),
     sa.Column("lease_expires_at", sa.Double),
-    sa.Index("ix_aaa_runs_tenant_started", "tenant_key", "started_at", "run_id"),
-    sa.Index("ix_aaa_runs_started", "started_at", "run_id"),
+    sa.Index("ix_aaa_runs_tenant_started", "tenant_key", "started_at", "run_key"),
+    sa.Index("ix_aaa_runs_started", "started_at", "run_key"),
 )
 
 run_events = sa.Table(
     "aaa_run_events",
     metadata,
-    sa.Column("run_id", sa.String, primary_key=True),
+    sa.Column("run_key", sa.String, primary_key=True),
     sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("event", sa.JSON, nullable=False),
 )
@@ -51,7 +52,7 @@ run_events = sa.Table(
 run_turns = sa.Table(
     "aaa_run_turns",
     metadata,
-    sa.Column("run_id", sa.String, primary_key=True),
+    sa.Column("run_key", sa.String, primary_key=True),
     sa.Column("turn", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("response", sa.JSON, nullable=False),
 )
@@ -59,7 +60,7 @@ run_turns = sa.Table(
 run_decisions = sa.Table(
     "aaa_run_decisions",
     metadata,
-    sa.Column("run_id", sa.String, primary_key=True),
+    sa.Column("run_key", sa.String, primary_key=True),
     sa.Column("call_id", sa.String, primary_key=True),
     sa.Column("digest", sa.String, primary_key=True),
     sa.Column("decision", sa.JSON, nullable=False),
@@ -80,7 +81,7 @@ class SQLRuns(RunRecords):
     _read: Callable[[], AbstractContextManager[Connection]]
 
     def _view(self, conn: Connection, row: Any, now: float) -> RunRecord:
-        count = conn.execute(sa.select(sa.func.count()).where(run_events.c.run_id == row.run_id)).scalar_one()
+        count = conn.execute(sa.select(sa.func.count()).where(run_events.c.run_key == row.run_key)).scalar_one()
         live = row.lease_holder if row.lease_holder is not None and (row.lease_expires_at or 0) > now else None
         return RunRecord.from_json(row.record, events=count, holder=live)
 
@@ -88,12 +89,12 @@ class SQLRuns(RunRecords):
         values = {"tenant_key": tenant_key(record.tenant), "started_at": record.started_at,
                   "updated_at": record.updated_at, "status": record.status, "record": json.loads(record.to_json())}
         with self._write() as conn:
-            stmt = self.insert(runs).values(run_id=record.run_id, **values)
-            conn.execute(stmt.on_conflict_do_update(index_elements=["run_id"], set_=values))
+            stmt = self.insert(runs).values(run_key=record.key, run_id=record.run_id, **values)
+            conn.execute(stmt.on_conflict_do_update(index_elements=["run_key"], set_=values))
 
-    def get_run(self, run_id: str) -> RunRecord | None:
+    def get_run(self, key: str) -> RunRecord | None:
         with self._read() as conn:
-            row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).one_or_none()
+            row = conn.execute(sa.select(runs).where(runs.c.run_key == key)).one_or_none()
             return self._view(conn, row, self.now()) if row is not None else None
 
     def list_runs(self, *, tenant: str | None = None, all_tenants: bool = False, active: bool = False,
@@ -104,92 +105,97 @@ class SQLRuns(RunRecords):
         if active:
             stmt = stmt.where(runs.c.status.in_(sorted(ACTIVE)))
         if before is not None:
-            stmt = stmt.where(sa.tuple_(runs.c.started_at, runs.c.run_id) < sa.tuple_(*before))
-        stmt = stmt.order_by(runs.c.started_at.desc(), runs.c.run_id.desc()).limit(limit)
+            stmt = stmt.where(sa.tuple_(runs.c.started_at, runs.c.run_key) < sa.tuple_(*before))
+        stmt = stmt.order_by(runs.c.started_at.desc(), runs.c.run_key.desc()).limit(limit)
         with self._read() as conn:
             now = self.now()
             return [self._view(conn, row, now) for row in conn.execute(stmt).all()]
 
-    def append_run_events(self, run_id: str, events: Sequence[dict[str, Any]]) -> None:
+    def find_runs(self, run_id: str) -> list[RunRecord]:
+        with self._read() as conn:
+            now = self.now()
+            return [self._view(conn, row, now) for row in conn.execute(sa.select(runs).where(runs.c.run_id == run_id))]
+
+    def append_run_events(self, key: str, events: Sequence[dict[str, Any]]) -> None:
         if not events:
             return
         with self._write() as conn:
-            count = conn.execute(sa.select(sa.func.count()).where(run_events.c.run_id == run_id)).scalar_one()
+            count = conn.execute(sa.select(sa.func.count()).where(run_events.c.run_key == key)).scalar_one()
             rows = []
             for event in events:
                 if event["seq"] == count + 1:
-                    rows.append({"run_id": run_id, "seq": event["seq"], "event": event})
+                    rows.append({"run_key": key, "seq": event["seq"], "event": event})
                     count += 1
             if rows:
                 conn.execute(run_events.insert(), rows)
 
-    def run_events(self, run_id: str, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
-        stmt = (sa.select(run_events.c.event).where(run_events.c.run_id == run_id, run_events.c.seq > after)
+    def run_events(self, key: str, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        stmt = (sa.select(run_events.c.event).where(run_events.c.run_key == key, run_events.c.seq > after)
                 .order_by(run_events.c.seq))
         if limit is not None:
             stmt = stmt.limit(limit)
         with self._read() as conn:
             return list(conn.execute(stmt).scalars())
 
-    def record_turn(self, run_id: str, turn: int, response: dict[str, Any]) -> dict[str, Any]:
+    def record_turn(self, key: str, turn: int, response: dict[str, Any]) -> dict[str, Any]:
         with self._write() as conn:
-            conn.execute(self.insert(run_turns).values(run_id=run_id, turn=turn, response=response)
-                         .on_conflict_do_nothing(index_elements=["run_id", "turn"]))
+            conn.execute(self.insert(run_turns).values(run_key=key, turn=turn, response=response)
+                         .on_conflict_do_nothing(index_elements=["run_key", "turn"]))
             return conn.execute(sa.select(run_turns.c.response).where(
-                run_turns.c.run_id == run_id, run_turns.c.turn == turn)).scalar_one()  # type: ignore[no-any-return]
+                run_turns.c.run_key == key, run_turns.c.turn == turn)).scalar_one()  # type: ignore[no-any-return]
 
-    def recorded_turn(self, run_id: str, turn: int) -> dict[str, Any] | None:
+    def recorded_turn(self, key: str, turn: int) -> dict[str, Any] | None:
         with self._read() as conn:
             return conn.execute(sa.select(run_turns.c.response).where(  # type: ignore[no-any-return]
-                run_turns.c.run_id == run_id, run_turns.c.turn == turn)).scalar_one_or_none()
+                run_turns.c.run_key == key, run_turns.c.turn == turn)).scalar_one_or_none()
 
-    def decide_approval(self, run_id: str, call_id: str, digest: str, decision: dict[str, Any]) -> bool:
+    def decide_approval(self, key: str, call_id: str, digest: str, decision: dict[str, Any]) -> bool:
         with self._write() as conn:
-            if conn.execute(sa.select(runs.c.run_id).where(runs.c.run_id == run_id)).first() is None:
+            if conn.execute(sa.select(runs.c.run_key).where(runs.c.run_key == key)).first() is None:
                 return False
             done = conn.execute(self.insert(run_decisions)
-                                .values(run_id=run_id, call_id=call_id, digest=digest, decision=decision)
-                                .on_conflict_do_nothing(index_elements=["run_id", "call_id", "digest"])
+                                .values(run_key=key, call_id=call_id, digest=digest, decision=decision)
+                                .on_conflict_do_nothing(index_elements=["run_key", "call_id", "digest"])
                                 .returning(run_decisions.c.digest))
             return done.first() is not None  # (rowcount is -1 on psycopg for ON CONFLICT)
 
-    def approval_decision(self, run_id: str, call_id: str, digest: str) -> dict[str, Any] | None:
+    def approval_decision(self, key: str, call_id: str, digest: str) -> dict[str, Any] | None:
         with self._read() as conn:
             return conn.execute(sa.select(run_decisions.c.decision).where(  # type: ignore[no-any-return]
-                run_decisions.c.run_id == run_id, run_decisions.c.call_id == call_id,
+                run_decisions.c.run_key == key, run_decisions.c.call_id == call_id,
                 run_decisions.c.digest == digest)).scalar_one_or_none()
 
-    def lease_run(self, run_id: str, holder: str, ttl_s: float) -> bool:
+    def lease_run(self, key: str, holder: str, ttl_s: float) -> bool:
         with self._write() as conn:
             now = self.now()
             taken = conn.execute(
                 runs.update()
-                .where(runs.c.run_id == run_id,
+                .where(runs.c.run_key == key,
                        sa.or_(runs.c.lease_holder.is_(None), runs.c.lease_holder == holder,
                               runs.c.lease_expires_at <= now))
                 .values(lease_holder=holder, lease_expires_at=now + ttl_s))
             return taken.rowcount == 1
 
-    def release_run(self, run_id: str, holder: str) -> None:
+    def release_run(self, key: str, holder: str) -> None:
         with self._write() as conn:
-            conn.execute(runs.update().where(runs.c.run_id == run_id, runs.c.lease_holder == holder)
+            conn.execute(runs.update().where(runs.c.run_key == key, runs.c.lease_holder == holder)
                          .values(lease_holder=None, lease_expires_at=None))
 
-    def forget_run(self, run_id: str) -> None:
+    def forget_run(self, key: str) -> None:
         with self._write() as conn:
             for table in _RUN_TABLES:
-                conn.execute(table.delete().where(table.c.run_id == run_id))
+                conn.execute(table.delete().where(table.c.run_key == key))
 
     def purge_runs(self, before: float) -> int:
         purged = 0
         while True:
             with self._write() as conn:
                 ids = list(conn.execute(
-                    sa.select(runs.c.run_id)
+                    sa.select(runs.c.run_key)
                     .where(runs.c.status.in_(sorted(FINISHED)), runs.c.updated_at < before)
                     .limit(_PURGE_PAGE)).scalars())
                 for table in _RUN_TABLES:
-                    conn.execute(table.delete().where(table.c.run_id.in_(ids)))
+                    conn.execute(table.delete().where(table.c.run_key.in_(ids)))
             purged += len(ids)
             if len(ids) < _PURGE_PAGE:
                 return purged
