@@ -193,8 +193,10 @@ scalars = st.one_of(
     st.text(max_size=20), st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3),
     st.sampled_from([70_000, 40_000, 300_000]).map(lambda n: "é" * n if n == 40_000 else "x" * n),
 )
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner,
-                                                                                          max_size=4), max_leaves=12)
+surrogates = st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3)
+keys = st.text(max_size=5) | surrogates
+values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(keys, inner, max_size=4),
+                      max_leaves=12)
 hostile = st.one_of(values, st.integers(1, 3000).map(deep), st.integers(30_000, 40_000).map(lambda n: [{"street": "x"}] * n))
 arguments = st.one_of(
     st.fixed_dictionaries(
