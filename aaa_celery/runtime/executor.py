@@ -12,6 +12,7 @@ from celery import Celery
 from ..errors import ConfigError
 from ..protocol import RUN_HEADER, TENANT_HEADER, TOOL_CALL_HEADER, task_name, usable_tool_call_id
 from ..tools.args import CheckedArgs
+from ..tools.secrets import open_raw, seal_raw, sealer_for
 from ..tools.handler import ToolHandler
 from ..tools.registry import ToolRegistry
 from ..tools.tool import Tool
@@ -74,6 +75,20 @@ class ToolExecutor:
         """A call's arguments as events may show them (secrets redacted; see ``Tool.shown``)."""
         t = self.registry.get(name)
         return t.shown(arguments, self.handlers[t.name].guards) if t is not None else "<refused: unknown tool>"
+
+    def keepable_turn(self, turn: dict[str, Any], *, opened: bool = False) -> dict[str, Any]:
+        """A recorded model turn (``response_to_dict``) with its tool calls' secret arguments
+        sealed (``opened``: opened again, to replay it); see :mod:`aaa_celery.tools.secrets`."""
+        calls = turn.get("tool_calls") or []
+        secret = [getattr(self.registry.get(c.get("name")), "secrets", frozenset()) for c in calls]
+        if not any(secret):
+            return turn
+        sealer = sealer_for(self.app)
+        if sealer is None:
+            return turn  # bind() refuses secret tools without a key: not reached
+        change = (lambda a, s: open_raw(a, s, sealer)) if opened else (lambda a, s: seal_raw(a, s, sealer))
+        return {**turn, "tool_calls": [{**c, "arguments": change(c.get("arguments"), s)}
+                                       for c, s in zip(calls, secret, strict=True)]}
 
     def _shorten(self, t: Tool, fact: ToolFact) -> ToolFact:
         """Apply the handler's ``GuardPolicy.max_result_chars`` to a text result."""

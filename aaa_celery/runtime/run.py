@@ -307,7 +307,7 @@ class RunHandle:
         if self._replaying and writer is not None:
             recorded = await off_loop(writer.inline, self.engine.store.recorded_turn, self.key, turn)
             if recorded is not None:
-                response = response_from_dict(recorded)
+                response = response_from_dict(self.engine.tools.keepable_turn(recorded, opened=True))
                 self.emit("aaa.llm.replayed", {"turn": turn, "text": response.text,
                                                "tool_calls": len(response.tool_calls)})
                 return response
@@ -316,8 +316,8 @@ class RunHandle:
         if writer is not None:
             try:  # first writer wins: a driver that lost the run cannot change what was recorded
                 recorded = await off_loop(writer.inline, self.engine.store.record_turn, self.key, turn,
-                                          response_to_dict(response))
-                response = response_from_dict(recorded)
+                                          self.engine.tools.keepable_turn(response_to_dict(response)))
+                response = response_from_dict(self.engine.tools.keepable_turn(recorded, opened=True))
             except Exception as e:  # noqa: BLE001 - an unrecorded turn is asked again on a resume
                 writer.failures += 1
                 self.emit("aaa.llm.unrecorded", {"turn": turn, "error": f"{type(e).__name__}: {e}"})

@@ -212,7 +212,30 @@ def unseal(name: str, arguments: Any, secrets: frozenset[str], sealer: Sealer | 
     return out
 
 
+def seal_raw(arguments: Any, secrets: frozenset[str], sealer: Sealer) -> Any:
+    """A model's raw arguments to keep (a recorded model turn), each secret sealed; a secret
+    that is not a string (the call is refused anyway) is redacted."""
+    if not secrets or not isinstance(arguments, dict):
+        return arguments
+    return {k: (v if k not in secrets or v is None else sealer.seal(v) if isinstance(v, str) else REDACTED)
+            for k, v in arguments.items()}
+
+
+def open_raw(arguments: Any, secrets: frozenset[str], sealer: Sealer | None) -> Any:
+    """:func:`seal_raw`'s arguments as the model sent them (a secret no key opens is redacted)."""
+    if not secrets or not isinstance(arguments, dict):
+        return arguments
+    out = dict(arguments)
+    for k in secrets & out.keys():
+        if is_sealed(out[k]):
+            try:
+                out[k] = sealer.unseal(out[k]) if sealer is not None else REDACTED
+            except ToolArgsError:
+                out[k] = REDACTED
+    return out
+
+
 __all__ = [
     "KEY_SETTING", "REDACTED", "SEALED", "Sealer", "Secret", "clear_value", "is_sealed",
-    "require_sealer", "seal", "sealer_for", "secret_params", "unseal",
+    "open_raw", "require_sealer", "seal", "seal_raw", "sealer_for", "secret_params", "unseal",
 ]

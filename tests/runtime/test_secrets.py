@@ -181,3 +181,40 @@ def test_a_secret_in_a_chained_signature_travels_sealed(redis_url):
     dump = redis_dump(redis_url)
     assert "aaa_sealed" in dump
     assert first not in dump and second not in dump
+
+
+def test_keys_rotate_the_first_seals_every_one_opens():
+    from cryptography.fernet import Fernet
+
+    from aaa_celery.tools.secrets import Sealer
+
+    old, new = Fernet.generate_key(), Fernet.generate_key()
+    sealed_before = Sealer(old).seal("pw")
+    rotated = Sealer([new, old])
+    assert rotated.unseal(sealed_before) == "pw"  # calls sealed before the rotation still run
+    assert Sealer(new).unseal(rotated.seal("pw2")) == "pw2"  # new calls use the new key
+    with pytest.raises(ToolArgsError, match="no key of aaa_secret_key opens"):
+        Sealer(new).unseal(sealed_before)
+
+
+def test_a_recorded_model_turn_keeps_secrets_sealed_and_replays_them_exactly():
+    """A durable run records each model answer in the store, to replay it on a resume: its
+    tool calls' secrets are sealed there, and open to exactly what the model sent (the
+    call's id is a digest of its arguments, so a replay finds the call's result)."""
+    async def main() -> Any:
+        async with Engine() as engine:
+            ToolHandler(ToolRegistry([login, pay])).attach(engine)
+            turn = {"text": "", "usage": None, "tool_calls": [
+                {"name": "login", "arguments": {"user": "a", "password": "pw-1", "token": None}, "id": "c1"},
+                {"name": "pay", "arguments": {"amount": 3, "card": 4111}, "id": "c2"},  # not a string: refused anyway
+                {"name": "nope", "arguments": [1], "id": "c3"},
+            ]}
+            kept = engine.tools.keepable_turn(turn)
+            return turn, kept, engine.tools.keepable_turn(kept, opened=True)
+
+    turn, kept, opened = asyncio.run(main())
+    assert "pw-1" not in repr(kept) and "4111" not in repr(kept)
+    assert kept["tool_calls"][0]["arguments"]["password"]["aaa_sealed"]
+    assert opened["tool_calls"][0] == turn["tool_calls"][0]
+    assert opened["tool_calls"][1]["arguments"] == {"amount": 3, "card": "**********"}
+    assert opened["tool_calls"][2] == turn["tool_calls"][2]
