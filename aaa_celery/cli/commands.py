@@ -44,6 +44,14 @@ def _store(ctx: click.Context) -> Store:
         raise click.ClickException(f"cannot open the app's aaa store: {e}") from e
 
 
+def _user() -> str:
+    """Who runs the command (a container may have no passwd entry for its uid)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
 def _dump(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
@@ -127,7 +135,7 @@ def resolve(ctx: click.Context, call_id: str, verdict: str, note: str, value: st
             parsed = json.loads(value)
         except ValueError as e:
             raise click.BadParameter(f"not JSON: {e}", param_hint="--value") from e
-    by = f"{getpass.getuser()}@{socket.gethostname()}"
+    by = f"{_user()}@{socket.gethostname()}"
     store = _store(ctx)
     try:
         outcome = store.resolve(call_id, verdict, note, by, parsed)  # type: ignore[arg-type]

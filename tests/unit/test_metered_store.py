@@ -1,0 +1,44 @@
+"""The metrics' store wrapper hands every verb of the store interface to the store it wraps
+(those added later too) and times it; renewals and heartbeat lag are measured on leases."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("prometheus_client")
+
+from prometheus_client import CollectorRegistry  # noqa: E402
+
+from aaa_celery.config import GuardConfig  # noqa: E402
+from aaa_celery.lifecycle import CallSpec, Outcome  # noqa: E402
+from aaa_celery.stores.base import Store  # noqa: E402
+from aaa_celery.stores.memory import MemoryStore  # noqa: E402
+from aaa_celery.worker.metrics import MeteredStore, Metrics  # noqa: E402
+
+
+def sample(registry, name, **labels):
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def test_every_store_verb_reaches_the_wrapped_store_and_is_timed():
+    registry = CollectorRegistry()
+    inner = MemoryStore()
+    store = MeteredStore(inner, Metrics(registry), "w1@host")
+    verbs = {n for n, m in vars(Store).items() if callable(m) and not n.startswith("_")}
+    assert verbs <= {n for n in dir(MeteredStore)}
+    assert not MeteredStore.__abstractmethods__
+
+    cfg = GuardConfig(lease_ttl_s=10)
+    lease = store.begin(CallSpec("c1", "t"), "w1", cfg).lease
+    assert store.renew(lease)
+    store.finish(lease, Outcome.success(1), cfg)
+    assert store.result("c1") == inner.result("c1") == Outcome.success(1, 1)
+    assert [r.call_id for r in store.calls()] == ["c1"]
+    assert store.spend("budget", "t1", 5, 10, 60) == inner.spend("budget", "t2", 5, 10, 60) is True
+    assert not store.spend("budget", "t3", 5, 10, 60)  # the wrapped store's budget is spent
+    for op in ("begin", "renew", "finish", "result", "spend"):
+        assert sample(registry, "aaa_store_latency_seconds_count", op=op, store="memory", hostname="w1@host") >= 1
+    assert sample(registry, "aaa_heartbeat_lag_seconds_count", hostname="w1@host") == 1
+    assert sample(registry, "aaa_lease_renew_failures_total", hostname="w1@host") == 0
+    assert not store.renew(lease)  # finished: the lease is gone
+    assert sample(registry, "aaa_lease_renew_failures_total", hostname="w1@host") == 1
