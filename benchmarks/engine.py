@@ -9,6 +9,10 @@ turns and 3 guarded tool calls per run. ``--concurrency`` runs are in flight at 
   backend and store in one ``redis-server``).
 * ``embedded``: ``Engine()``: an in-process worker thread, in-memory broker and store.
 
+Each mode runs twice: with the run state in the store (the default: record, events,
+model turns and run lease written as the run goes, docs/durable-runs.md), and without
+(``Engine(run_state=False)``, runs in process memory only, as before).
+
     python benchmarks/engine.py                  # 300 runs each, 20 at once
     python benchmarks/engine.py --quick          # < 30 s: 30 runs each
 """
@@ -82,7 +86,7 @@ async def drive(engine: Engine, runs: int, concurrency: int) -> dict[str, Any]:
     }
 
 
-def fleet(args: argparse.Namespace, logdir: Path) -> dict[str, Any]:
+def fleet(args: argparse.Namespace, logdir: Path) -> list[dict[str, Any]]:
     with ExitStack() as stack:
         srv = stack.enter_context(redis_server())
         env = {"BENCH_BROKER": srv.url, "BENCH_BACKEND": srv.url, "BENCH_STORE": srv.url,
@@ -95,23 +99,28 @@ def fleet(args: argparse.Namespace, logdir: Path) -> dict[str, Any]:
         for w in workers:
             stack.callback(w.stop)
 
-        async def go() -> dict[str, Any]:
-            engine = Engine(app=bench_app.app)
+        async def go(run_state: bool) -> dict[str, Any]:
+            engine = Engine(app=bench_app.app, run_state=run_state)
             try:
                 return await drive(engine, args.runs, args.concurrency)
             finally:
                 await engine.aclose()
 
-        return {"mode": "fleet", "pool": f"-P {args.pool} -c {args.worker_concurrency} x {args.workers}",
-                **asyncio.run(go())}
+        pool = f"-P {args.pool} -c {args.worker_concurrency} x {args.workers}"
+        return [{"mode": "fleet", "run_state": run_state, "pool": pool, **asyncio.run(go(run_state))}
+                for run_state in (False, True)]
 
 
-def embedded(args: argparse.Namespace) -> dict[str, Any]:
-    async def go() -> dict[str, Any]:
-        async with Engine() as engine:
-            return await drive(engine, args.runs, args.concurrency)
+def embedded(args: argparse.Namespace) -> list[dict[str, Any]]:
+    def one(run_state: bool) -> dict[str, Any]:
+        async def go() -> dict[str, Any]:
+            async with Engine(run_state=run_state) as engine:
+                return await drive(engine, args.runs, args.concurrency)
 
-    return {"mode": "embedded", "pool": "in-process threads (Engine() default concurrency 4)", **asyncio.run(go())}
+        return {"mode": "embedded", "run_state": run_state,
+                "pool": "in-process threads (Engine() default concurrency 4)", **asyncio.run(go())}
+
+    return [one(False), one(True)]
 
 
 QUICK = "30 runs per mode"
@@ -133,10 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for mode in args.modes.split(","):
         print(f"  {mode} ...", flush=True)
-        rows.append(fleet(args, logdir) if mode == "fleet" else embedded(args))
-    text_ = table(["engine", "workers", "runs", "in flight", "runs/s", "tool calls/s", "run p50 s", "run p99 s",
-                   "failed"],
-                  [[r["mode"], r["pool"], r["runs"], r["concurrency"], r["runs_per_s"], r["tool_calls_per_s"],
+        rows.extend(fleet(args, logdir) if mode == "fleet" else embedded(args))
+    text_ = table(["engine", "run state", "workers", "runs", "in flight", "runs/s", "tool calls/s", "run p50 s",
+                   "run p99 s", "failed"],
+                  [[r["mode"], "in the store" if r["run_state"] else "in memory", r["pool"], r["runs"],
+                    r["concurrency"], r["runs_per_s"], r["tool_calls_per_s"],
                     r["run_latency_p50_s"], r["run_latency_p99_s"], r["failed_count"]] for r in rows],
                   "Agent runs (fake model, 3 guarded tool calls a run)")
     print()

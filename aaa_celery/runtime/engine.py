@@ -83,6 +83,8 @@ class Engine:
         run_retention_s: how long finished runs stay in the store (default 7 days).
         keep_finished: how many finished runs' handles this process keeps in memory
             (default 64); older ones are read from the store.
+        run_state: keep run state in the store (default True). False keeps runs in this
+            process only, as before run state was stored: nothing to resume or share.
         auto_resume: resume the store's orphaned runs (whose driver died) in this
             process, checking every ``run_lease_s``; only runs whose algorithm this
             engine knows (``add_algo``, or started here) are taken on.
@@ -102,6 +104,7 @@ class Engine:
         run_lease_s: float = DEFAULT_RUN_LEASE_S,
         run_retention_s: float = DEFAULT_RUN_RETENTION_S,
         keep_finished: int = DEFAULT_KEEP_FINISHED,
+        run_state: bool = True,
         auto_resume: bool = False,
     ) -> None:
         self.approval_ttl_s = check_ttl(approval_ttl_s, "Engine(approval_ttl_s=...)")
@@ -110,6 +113,7 @@ class Engine:
         if isinstance(keep_finished, bool) or not isinstance(keep_finished, int) or keep_finished < 0:
             raise ConfigError(f"Engine(keep_finished=...) must be a whole number >= 0, got {keep_finished!r}")
         self.keep_finished = keep_finished
+        self.run_state = bool(run_state)
         self.auto_resume = bool(auto_resume)
         self.embedded = app is None
         self.id = uuid.uuid4().hex[:8]
@@ -141,8 +145,8 @@ class Engine:
 
     @property
     def durable(self) -> bool:
-        """Whether run state is kept in the store (every built-in store keeps it)."""
-        return keeps_runs(self.store)
+        """Whether run state is kept in the store (``run_state``, and every built-in store keeps it)."""
+        return self.run_state and keeps_runs(self.store)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:

@@ -1,4 +1,4 @@
-"""Resumable runs on the embedded engine over a shared SQLite store (docs/durable-runs.md).
+"""Resumable runs on the embedded engine over a shared SQLite (or Redis) store (docs/durable-runs.md).
 
 The defect these tests show reproduces on 88103e7: a run, its events and its pending
 approvals lived only in the memory of the process that started it; a fresh Engine on the
@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,14 @@ def url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'aaa.sqlite3'}"
 
 
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def shared_url(request, tmp_path) -> str:
+    """The store the engines share: an SQLite file, or a Redis server."""
+    if request.param == "redis":
+        return request.getfixturevalue("redis_url")
+    return f"sqlite:///{tmp_path / 'aaa.sqlite3'}"
+
+
 def engine_on(url: str, plan: tuple, **kw) -> Engine:
     """An engine of its own (a web process), on the shared store."""
     engine = Engine(store=open_store(url), **{"run_lease_s": 3.0, **kw})
@@ -65,34 +74,36 @@ def kinds(handle: RunHandle) -> list[str]:
     return [e["type"] for e in handle.events()]
 
 
-def test_a_run_whose_driver_died_is_resumed_by_a_fresh_engine_without_asking_the_model_again(url):
+def test_a_run_whose_driver_died_is_resumed_by_a_fresh_engine_without_asking_the_model_again(shared_url):
+    url, run_id = shared_url, f"r-long-{uuid.uuid4().hex[:8]}"  # (embedded engines share Celery's memory cache)
+
     async def go() -> None:
         a = engine_on(url, LONG_PLAN)
-        started = a.start(ToolLoop(REGISTRY), {"task": "report on A-100"}, run_id="r-long", tenant="acme")
+        started = a.start(ToolLoop(REGISTRY), {"task": "report on A-100"}, run_id=run_id, tenant="acme")
         await until(lambda: notes("slow_report.start"), what="the long call runs")
         crash(started)
         b = engine_on(url, LONG_PLAN)
         b.add_algo(ToolLoop(REGISTRY))
         with pytest.raises(ConfigError, match="driven by"):  # A's lease has not lapsed yet
-            b.resume("r-long", tenant="acme")
+            b.resume(run_id, tenant="acme")
         [orphan] = await until(b.orphaned_runs, timeout_s=15, what="the run is orphaned")
-        assert (orphan.run_id, orphan.tenant, orphan.status) == ("r-long", "acme", "running")
+        assert (orphan.run_id, orphan.tenant, orphan.status) == (run_id, "acme", "running")
         await until(lambda: notes("slow_report.end"), what="A's worker ends the body it was running")
-        handle = b.resume("r-long", tenant="acme")
+        handle = b.resume(run_id, tenant="acme")
         outcome = await asyncio.wait_for(handle.result(), 30)
         assert outcome.status == "completed"
         assert outcome.value["text"] == "done: order A-100: paid 30 EUR | report on A-100"
         assert len(notes("slow_report.start")) == 1 and len(notes("lookup")) == 1  # each body ran once
         assert [n["turn"] for n in notes("model")] == [0, 1, 2]  # turns 0 and 1 were replayed, not asked
         assert handle.resumed == 1
-        events = b.get("r-long", tenant="acme").events()
+        events = b.get(run_id, tenant="acme").events()
         assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
         types = [e["type"] for e in events]
         assert types.count("aaa.run.started") == 1 and types.count("aaa.run.resumed") == 1
         assert types.count("aaa.llm.replayed") == 2 and types[-1] == "aaa.run.completed"
         # any process reads the finished run from the store: a fresh engine, too
         c = engine_on(url, LONG_PLAN)
-        view = c.get("r-long", tenant="acme")
+        view = c.get(run_id, tenant="acme")
         assert view.detached and view.status == "completed" and view.outcome.value == outcome.value
         assert view.resumed == 1 and [e["seq"] for e in view.events(after=3)] == list(range(4, len(events) + 1))
         for engine in (a, b, c):
@@ -101,10 +112,12 @@ def test_a_run_whose_driver_died_is_resumed_by_a_fresh_engine_without_asking_the
     asyncio.run(go())
 
 
-def test_a_pending_approval_survives_its_driver_and_is_decided_on_another_process(url):
+def test_a_pending_approval_survives_its_driver_and_is_decided_on_another_process(shared_url):
+    url, run_id = shared_url, f"r-refund-{uuid.uuid4().hex[:8]}"
+
     async def go() -> None:
         a = engine_on(url, REFUND_PLAN)
-        started = a.start(ToolLoop(REGISTRY), {"task": "refund A-100"}, run_id="r-refund", tenant="acme")
+        started = a.start(ToolLoop(REGISTRY), {"task": "refund A-100"}, run_id=run_id, tenant="acme")
         [shown] = await until(started.pending_approvals, what="the refund waits for a person")
         crash(started)
         b, c = engine_on(url, REFUND_PLAN), engine_on(url, REFUND_PLAN)  # c only shows and decides
@@ -112,10 +125,10 @@ def test_a_pending_approval_survives_its_driver_and_is_decided_on_another_proces
         assert (seen.call_id, seen.digest, seen.arguments) == (shown.call_id, shown.digest, shown.arguments)
         assert c.pending_approvals(tenant="globex") == []
         await until(b.orphaned_runs, timeout_s=15, what="the run is orphaned")
-        handle = b.resume("r-refund", ToolLoop(REGISTRY), tenant="acme")
+        handle = b.resume(run_id, ToolLoop(REGISTRY), tenant="acme")
         await until(handle.pending_approvals, what="the resumed run waits for the same request")
         assert [p.digest for p in handle.pending_approvals()] == [shown.digest]
-        view = c.get("r-refund", tenant="acme")
+        view = c.get(run_id, tenant="acme")
         assert view.detached and view.status == "waiting"
         with pytest.raises(ValueError, match="digest"):
             await asyncio.to_thread(view.signal, APPROVAL_GRANTED, {"call_id": shown.call_id, "digest": "0" * 64})
@@ -125,11 +138,11 @@ def test_a_pending_approval_survives_its_driver_and_is_decided_on_another_proces
         assert len(notes("refund")) == 1 and [n["turn"] for n in notes("model")] == [0, 1, 2]
         assert "aaa.approval.granted" in kinds(handle)
         with pytest.raises(KeyError):  # single use: the request was decided
-            await asyncio.to_thread(c.get("r-refund", tenant="acme").signal, APPROVAL_GRANTED,
+            await asyncio.to_thread(c.get(run_id, tenant="acme").signal, APPROVAL_GRANTED,
                                     {"call_id": shown.call_id, "digest": shown.digest})
 
         # Driving the run again asks nobody about the refund that already ran: its result is in the store
-        again = b.start(ToolLoop(REGISTRY), {"task": "refund A-100"}, run_id="r-refund", tenant="acme")
+        again = b.start(ToolLoop(REGISTRY), {"task": "refund A-100"}, run_id=run_id, tenant="acme")
         outcome = await asyncio.wait_for(again.result(), 30)
         assert outcome.value["text"] == "done: order A-100: paid 30 EUR | refunded 30 EUR on A-100"
         assert "aaa.approval.requested" not in kinds(again) and len(notes("refund")) == 1
