@@ -55,7 +55,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Row
 
 from ..config import GuardConfig
-from ..errors import ConfigError, UnsafeDeployment
+from ..errors import ConfigError, StoreUnavailable, UnsafeDeployment
 from ..lifecycle import BeginResult, CallSpec, Claimed, Lease
 from .base import new_token, wrap_errors
 from .runs_sql import SQLRuns
@@ -109,6 +109,9 @@ HELD_ADVISORY_LOCKS = sa.text(
 
 #: Serialize schema creation between processes that open the store at once.
 SCHEMA_LOCK = sa.text("SELECT pg_advisory_xact_lock(:key)")
+
+#: The database's clock, in seconds since the epoch (the store's default clock).
+DB_CLOCK = sa.text("SELECT extract(epoch FROM clock_timestamp())")
 
 _SELECT_BACKEND_PID = sa.func.pg_backend_pid().label("backend_pid")
 
@@ -169,8 +172,11 @@ class PostgresStore(SQLRuns, SQLStore):
 
     Args:
         url: ``postgresql+psycopg://user@host:port/db`` (``postgresql://`` is read the same).
-        clock: the store's clock in seconds for registrations, recovery and events;
-            leases have no TTL.
+        clock: the store's clock in seconds for registrations, recovery and events
+            (leases have no TTL). By default the database's clock: read from the server
+            every :attr:`CLOCK_SYNC_S` seconds and carried forward in between on this
+            process's monotonic clock, so workers whose wall clocks differ agree on
+            when a call was registered and until when its recovery is held.
         connect_args: psycopg connection parameters, over :data:`DEFAULT_CONNECT_ARGS`.
         idle_session_timeout_s: if set, the server disconnects a session idle that
             long, which frees a frozen holder's lease (PostgreSQL 14+).
@@ -185,7 +191,7 @@ class PostgresStore(SQLRuns, SQLStore):
         self,
         url: str,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         connect_args: dict[str, Any] | None = None,
         idle_session_timeout_s: float | None = None,
         engine_options: dict[str, Any] | None = None,
@@ -202,7 +208,8 @@ class PostgresStore(SQLRuns, SQLStore):
             timeout_ms = int(idle_session_timeout_s * 1000)
             args["options"] = f"{args.get('options', '')} -c idle_session_timeout={timeout_ms}".strip()
         options = {"pool_pre_ping": True, "pool_size": 5, "max_overflow": -1, **(engine_options or {})}
-        super().__init__(sa.create_engine(_engine_url(url), connect_args=args, **options), clock)
+        self._clock_base: tuple[float, float] | None = None
+        super().__init__(sa.create_engine(_engine_url(url), connect_args=args, **options), clock or self._db_clock)
         self._held: dict[str, _Held] = {}
         self._held_lock = threading.Lock()
         with wrap_errors(self.kind, *_DRIVER_ERRORS):
@@ -211,6 +218,29 @@ class PostgresStore(SQLRuns, SQLStore):
             with self.engine.begin() as conn:
                 conn.execute(SCHEMA_LOCK, {"key": lock_key("aaa_celery:schema")})
                 metadata.create_all(conn)
+
+    #: Seconds between two reads of the database's clock by :meth:`now` (the default clock).
+    CLOCK_SYNC_S = 30.0
+
+    def _db_clock(self) -> float:
+        """The database's clock (``clock_timestamp()``), as of its last read, carried forward
+        on the monotonic clock; read again every :attr:`CLOCK_SYNC_S` seconds."""
+        base = self._clock_base
+        if base is None or time.monotonic() - base[1] > self.CLOCK_SYNC_S:
+            try:
+                base = self._read_db_clock()
+            except StoreUnavailable:
+                if base is None:
+                    raise
+        return base[0] + (time.monotonic() - base[1])
+
+    def _read_db_clock(self) -> tuple[float, float]:
+        with wrap_errors(self.kind, *_DRIVER_ERRORS), self.engine.connect() as conn:
+            sent = time.monotonic()
+            db_now = float(conn.execute(DB_CLOCK).scalar_one())
+            back = time.monotonic()
+        self._clock_base = (db_now, (sent + back) / 2)
+        return self._clock_base
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
