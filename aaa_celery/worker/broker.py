@@ -8,12 +8,15 @@ priority step, ``<queue><sep><step>``) and the messages that workers took and ha
 acked are in the ``unacked`` hash (with ``acks_late``, until the task ends). One Lua
 script (``lua/find_messages.lua``) reads them at one instant, so the sweeper tells a
 queued message from a lost one without racing the broker. The transport's
-``global_keyprefix``, ``sep``, ``priority_steps`` and ``unacked_key`` options are honoured.
+``global_keyprefix``, ``sep``, ``priority_steps``, ``unacked_key`` and ``unacked_index_key``
+options are honoured. :meth:`RedisBrokerProbe.taken_before` lists the messages workers
+took long ago and never acked, for the calls the store never heard of.
 Other brokers (RabbitMQ) cannot be read like this: see ``docs/recovery.md``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from importlib import resources
 from typing import Any
@@ -61,6 +64,7 @@ class RedisBrokerProbe:
         self.sep = str(options.get("sep") or _SEP)
         self.steps = tuple(options.get("priority_steps") or _PRIORITY_STEPS)
         self.unacked = str(options.get("unacked_key") or _UNACKED)
+        self.unacked_index = str(options.get("unacked_index_key") or self.unacked + "_index")
         self.scan_limit = scan_limit
         self._client = redis.Redis.from_url(url, decode_responses=True)
         script = resources.files(__package__).joinpath("lua", "find_messages.lua").read_text("utf-8")
@@ -89,6 +93,24 @@ class RedisBrokerProbe:
             keys.extend(self.queue_keys(queue))
         found = self._script(keys=keys, args=[self.scan_limit, *task_ids])
         return {task_id: int(where) for task_id, where in zip(task_ids, found)}
+
+    def taken_before(self, when: float, limit: int = 1000) -> list[tuple[dict[str, Any], str, str]]:
+        """Messages that workers took before ``when`` (kombu's ``unacked_index`` score, the
+        taking worker's ``time.time()``) and have not acked: (message, exchange, routing
+        key) each, oldest first, at most ``limit``."""
+        tags = self._client.zrangebyscore(self.prefix + self.unacked_index, "-inf", when,
+                                          start=0, num=limit)
+        if not tags:
+            return []
+        taken = []
+        for raw in self._client.hmget(self.prefix + self.unacked, tags):
+            try:
+                message, exchange, routing_key = json.loads(raw) if raw else (None, "", "")
+            except (TypeError, ValueError):
+                continue
+            if isinstance(message, dict):
+                taken.append((message, exchange or "", routing_key or ""))
+        return taken
 
     def close(self) -> None:
         self._client.close()

@@ -11,6 +11,8 @@ the broker accepted the message, so a send that fails leaves nothing to recover.
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,6 +57,38 @@ def on_before_publish(sender: str | None = None, body: Any = None, exchange: Any
     })
     for captured in waiting:
         captured["message"] = message
+
+
+#: The message properties a publish takes again (kombu adds the others: tag, delivery info).
+_KEPT_PROPERTIES = ("correlation_id", "reply_to", "priority")
+
+
+def as_sent(message: dict[str, Any], exchange: str, routing_key: str, queues: list[str]) -> dict[str, Any] | None:
+    """A message as a worker received it (kombu's payload: base64 JSON body, headers,
+    properties) in the form :func:`on_before_publish` captures, for a call whose publish
+    was never captured in the store; None for a body that is not JSON."""
+    properties = message.get("properties") or {}
+    body: Any = message.get("body")
+    try:
+        if properties.get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        if isinstance(body, bytes):
+            body = body.decode(message.get("content-encoding") or "utf-8")
+        if "json" not in str(message.get("content-type") or ""):
+            return None
+        body = json.loads(body) if isinstance(body, str) else body
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(body, list) or len(body) != 3:
+        return None
+    return CODEC.encode({
+        "body": body,
+        "exchange": exchange,
+        "routing_key": routing_key,
+        "headers": dict(message.get("headers") or {}),
+        "properties": {k: properties[k] for k in _KEPT_PROPERTIES if properties.get(k) is not None},
+        "queues": queues,
+    })
 
 
 def republish(app: Any, producer: Any, stored: dict[str, Any]) -> None:

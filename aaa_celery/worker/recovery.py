@@ -47,7 +47,8 @@ from ..errors import StoreError
 from ..lifecycle import STARTED, CallSpec, Outcome
 from ..stores.base import Store
 from .broker import ABSENT, QUEUED, TAKEN, RedisBrokerProbe
-from .publish import expires_at, not_before, republish
+from .calls import aaa_headers, with_message
+from .publish import as_sent, expires_at, not_before, republish
 from .stores import app_store
 
 log = logging.getLogger("aaa_celery.recovery")
@@ -148,6 +149,8 @@ class Recovery:
         #: call id -> when (monotonic) a look first found its message nowhere
         self._absent: dict[str, float] = {}
         self._looked = -math.inf
+        #: calls this sweeper registered from a worker's unacked message (bounded)
+        self._adopted: dict[str, None] = {}
         #: How many republishes and abandons this sweeper made (for tests and operators).
         self.republished = 0
         self.abandoned = 0
@@ -170,6 +173,7 @@ class Recovery:
             queues = {q for c in candidates for q in queues_of(c)} | set(self.app.amqp.queues)
             where = probe.find([c.call_id for c in candidates], queues)
         if look:
+            self._adopt_orphans()
             self._looked = time.monotonic()
             self._absent = {k: v for k, v in self._absent.items() if k in {c.call_id for c in waiting}}
         sent = []
@@ -196,6 +200,33 @@ class Recovery:
         if sent:
             log.info("aaa recovery brought back %d call(s): %s", len(sent), ", ".join(sent[:10]))
         return sent
+
+    def _adopt_orphans(self) -> None:
+        """Register the calls of guarded tasks whose message a worker took more than
+        ``aaa_lost_after_s`` ago and never acked, and which the store never heard of (a
+        publish while the store was down is sent but not registered; if the worker that
+        took it then dies, the message waits in kombu's ``unacked`` for the visibility
+        timeout, an hour by default). Registered, each is recovered like any unclaimed
+        call that a worker took: republished once it is ``aaa_unclaimed_grace_s`` old.
+        Registering a known call changes nothing."""
+        assert self.probe is not None
+        for message, exchange, routing_key in self.probe.taken_before(time.time() - self.settings.lost_after_s):
+            headers = message.get("headers") or {}
+            call_id, task = headers.get("id"), self.app.tasks.get(headers.get("task"))
+            spec_of = getattr(task, "call_spec", None)
+            config = getattr(task, "guard_config", None)
+            if not call_id or call_id in self._adopted or spec_of is None or not getattr(config, "enabled", False):
+                continue
+            queues = [routing_key] if routing_key in self.app.amqp.queues else []
+            sent = as_sent(message, exchange, routing_key, queues)
+            if sent is None:
+                continue
+            args, kwargs, _ = sent["body"]
+            spec = spec_of(call_id, list(args or ()), dict(kwargs or {}), routing_key, aaa_headers(headers))
+            self.store.register(with_message(spec, sent))
+            self._adopted[call_id] = None
+            if len(self._adopted) > 10_000:
+                self._adopted.pop(next(iter(self._adopted)))
 
     def _bring_back(self, call: CallSpec, base_s: float, why: str, found: int | None) -> list[str]:
         """Republish ``call`` if this worker wins its republish claim; end it failed once it

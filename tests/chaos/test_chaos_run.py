@@ -1,6 +1,6 @@
 """A seeded chaos run on real ``celery worker`` processes: the guard shows zero violations.
 
-The CI run (100 calls, 3 workers, 20 faults) is part of the fleet suite (about a minute); the long one runs only
+The CI run (100 calls, 3 workers, 23 faults planned, at least 20 of them made, store faults among them) is part of the fleet suite (about a minute); the long one runs only
 with ``AAA_CHAOS_LONG=1``.
 """
 
@@ -11,7 +11,7 @@ import os
 import pytest
 
 from aaa_celery.chaos.report import format_table
-from aaa_celery.chaos.workload import ChaosConfig, ChaosRun
+from aaa_celery.chaos.workload import STORE_FAULTS, WORKER_FAULTS, ChaosConfig, ChaosRun
 
 pytestmark = [pytest.mark.redis, pytest.mark.fleet]
 
@@ -24,13 +24,18 @@ def chaos(redis_url: str, tmp_path, **kw) -> dict:
 
 
 def test_ci_chaos_run_100_calls_3_workers_20_faults_has_no_violations(redis_url, tmp_path):
-    # The short seeded run CI makes on every push (about a minute here).
-    report = chaos(redis_url, tmp_path, calls=100, workers=3, concurrency=2, faults=20, ttl_s=2.0, seed=7,
-                   drain_s=90)
+    # The short seeded run CI makes on every push (about a minute here). Issue 13: the
+    # nemesis breaks the store too. The run starts its own store redis-server with AOF;
+    # store_pause pauses its writes past the lease TTL, store_restart kills it -9 and
+    # starts it again on its AOF.
+    report = chaos(redis_url, tmp_path, calls=100, workers=3, concurrency=2, faults=23, ttl_s=2.0, seed=7,
+                   drain_s=90, kinds=(*WORKER_FAULTS, "duplicate", *STORE_FAULTS))
     assert report["violations"] == []
     assert report["summary"]["results"].get("no result", 0) == 0
-    assert sum(report["faults"].values()) >= 18, report["fault_log"]  # the nemesis really acted
+    acted = [f for f in report["fault_log"] if f["done_at"] is not None and not f["skipped"]]
+    assert len(acted) >= 20, report["fault_log"]  # the nemesis really acted
     assert len([k for k, n in report["faults"].items() if n]) >= 4  # of several kinds
+    assert all(report["faults"].get(kind, 0) >= 1 for kind in STORE_FAULTS), report["faults"]
     assert report["summary"]["body_starts"] >= 100
 
 
@@ -43,23 +48,3 @@ def test_long_chaos_run_has_no_violations(redis_url, tmp_path):
                    drain_s=120)
     assert report["violations"] == []
     assert report["summary"]["results"].get("no result", 0) == 0
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("AAA_CHAOS_STORE_FAULTS") != "1",
-                    reason="set AAA_CHAOS_STORE_FAULTS=1 for the chaos run with store faults (about 150 s)")
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 13 item 3, open: a call published while the store restarts is sent but not registered; "
-    "its delivery finds the store down and is handed back, and the call was lost (seed 11: 1 of 100)"))
-def test_ci_chaos_run_with_store_pause_and_restart_has_no_violations(redis_url, tmp_path):
-    # Issue 13: the nemesis breaks the store too. The run starts its own store redis-server
-    # with AOF; store_pause pauses its writes past the lease TTL, store_restart kills it -9
-    # and starts it again on its AOF.
-    kinds = ("kill_main", "kill_child", "stop_cont", "duplicate", "store_pause", "store_restart")
-    report = chaos(redis_url, tmp_path, calls=100, workers=3, concurrency=2, faults=20, ttl_s=2.0, seed=11,
-                   drain_s=90, kinds=kinds)
-    assert report["violations"] == []
-    assert report["summary"]["results"].get("no result", 0) == 0
-    assert sum(report["faults"].values()) >= 18, report["fault_log"]
-    assert report["faults"].get("store_pause", 0) >= 1 and report["faults"].get("store_restart", 0) >= 1
-    assert report["summary"]["body_starts"] >= 100

@@ -19,6 +19,8 @@ from aaa_celery import GuardedTask
 from aaa_celery.lifecycle import COMPLETED, FAILED, STARTED
 from aaa_celery.testing import wait_for
 
+from ..servers import RedisServer
+
 pytestmark = [pytest.mark.redis, pytest.mark.fleet]
 
 TTL = 2.0
@@ -116,3 +118,32 @@ def test_call_no_worker_can_claim_ends_failed_with_a_reason_instead_of_forever(f
     assert types(f.store, result.id) == [FAILED]
     sent = broker_copies = redis.Redis.from_url(f.env["AAA_FLEET_BROKER"]).llen("celery")
     assert broker_copies == 0, sent
+
+
+def test_call_sent_while_the_store_was_down_then_its_worker_killed_is_recovered(fleet):
+    """Reproduces on 4a34578 (seen in the chaos run with store_restart): a call published
+    while the store was down is sent but not registered; the worker that took it died
+    before ``begin`` reached the store, so the message waited in kombu's ``unacked`` for
+    the visibility timeout (an hour) and the store knew nothing to recover."""
+    store_server = RedisServer.start()
+    try:
+        settings = {"STORE": store_server.url, "LOST_AFTER": 1, "LOST_CHECK": 1, "GRACE": 3}
+        f = fleet(1, TTL=TTL, **settings)
+        broker = redis.Redis.from_url(f.env["AAA_FLEET_BROKER"])
+        taker = next(iter(f))
+        store_server._halt(kill=True)  # the store is down: the publish is not registered
+        result = f.client.tasks["fleet.quick"].delay(6)
+        wait_for(lambda: any(result.id in (v or b"").decode() for v in broker.hvals("unacked")), 10,
+                 "a worker took the message")
+        taker.kill()  # before its begin reached the store (it waits for the store, then hands back)
+        time.sleep(0.5)
+        # the message is an orphan: in the dead worker's unacked, in no queue
+        assert any(result.id in (v or b"").decode() for v in broker.hvals("unacked"))
+        assert broker.llen("celery") == 0
+        store_server._spawn()
+        f.add()
+        assert result.get(timeout=60) == 7
+        assert len(f.ledger.entries(result.id, "start")) == 1
+        assert types(f.store, result.id) == [STARTED, COMPLETED]
+    finally:
+        store_server.stop(kill=True)
