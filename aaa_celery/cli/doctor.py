@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import AAACeleryError
+from ..errors import AAACeleryError, UnsafeDeployment
 from ..stores import Store
 from ..worker.stores import app_store, store_url
 
@@ -226,7 +226,7 @@ def _safe(url: str) -> str:
     """A URL without its password."""
     scheme, sep, rest = url.partition("://")
     creds, at, host = rest.rpartition("@")
-    if not at:
+    if not at or ":" not in creds:
         return url
     return f"{scheme}{sep}{creds.partition(':')[0]}:***@{host}"
 
@@ -243,9 +243,15 @@ def diagnose(app: Any, *, ping_timeout_s: float = 1.0, flask_app: str | None = N
     try:
         store = app_store(app)
         store.now()
+    except UnsafeDeployment as e:  # PostgreSQL behind a transaction-pooling proxy
+        store, error = None, f"{type(e).__name__}: {e}"
+        checks.append(Check("fail", "postgres pooler mode", str(e)))
     except (AAACeleryError, OSError) as e:
         store, error = None, f"{type(e).__name__}: {e}"
     checks.append(check_store(app, tasks, store, error))
+    if store is not None and store.kind == "postgresql":
+        checks.append(Check("pass", "postgres pooler mode", "the store's sessions stay pinned (no "
+                            "transaction-pooling proxy): its leases, session advisory locks, hold"))
     if store is not None:
         aof = check_redis_aof(store)
         if aof is not None:

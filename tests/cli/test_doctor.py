@@ -156,6 +156,7 @@ def test_clock_skew_is_read_from_the_postgres_server(healthy, postgres_url):
     code, statuses, output = doctor()
     assert code == 0, output
     assert statuses["store reachable"] == "pass" and statuses["clock skew"] == "pass"
+    assert statuses["postgres pooler mode"] == "pass"
     assert "postgresql store" in output
     assert check_clock(open_store(postgres_url), local=lambda: time.time() + 10).status == "fail"
 
@@ -193,3 +194,83 @@ def test_web_routes_without_an_authorize_hook_fail(healthy, web_app, status):
     line = next(line for line in result.output.splitlines() if "web authorize" in line)
     assert line.lower().startswith(status), result.output
     assert result.exit_code == (0 if status == "pass" else 1), result.output
+
+
+@pytest.fixture
+def pgbouncer(postgres_url, tmp_path_factory) -> Iterator[str]:
+    """A real PgBouncer in transaction pooling mode in front of the test PostgreSQL."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import tempfile
+
+    import sqlalchemy as sa
+
+    from ..conftest import unavailable
+    from ..servers import free_port
+
+    binary = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if os.access("/usr/sbin/pgbouncer", os.X_OK)
+                                          else None)
+    if binary is None:
+        unavailable("pgbouncer is not installed (apt-get install pgbouncer)")
+    pg = sa.make_url(postgres_url)
+    workdir = Path(tempfile.mkdtemp(prefix="aaa-pgbouncer-"))
+    port = free_port()
+    (workdir / "users.txt").write_text('"postgres" ""\n')
+    (workdir / "pgbouncer.ini").write_text(f"""[databases]
+* = host={pg.host} port={pg.port}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {workdir}/users.txt
+pool_mode = transaction
+default_pool_size = 4
+min_pool_size = 4
+server_round_robin = 1
+ignore_startup_parameters = extra_float_digits,options,application_name,keepalives,tcp_user_timeout
+pidfile = {workdir}/pgbouncer.pid
+logfile = {workdir}/pgbouncer.log
+""")
+    command = [binary, str(workdir / "pgbouncer.ini")]
+    if os.geteuid() == 0:  # PgBouncer refuses to run as root
+        shutil.chown(workdir, "postgres")
+        for f in workdir.iterdir():
+            shutil.chown(f, "postgres")
+        command = ["runuser", "-u", "postgres", "--", *command]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    pidfile = workdir / "pgbouncer.pid"
+    try:
+        from aaa_celery.testing import wait_for
+
+        wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 20, "pgbouncer's pid file")
+        # Open several server connections at once, so the pool has more than one to hand out.
+        import psycopg
+
+        held = [psycopg.connect(f"host=127.0.0.1 port={port} dbname={pg.database} user=postgres") for _ in range(4)]
+        for conn in held:
+            conn.execute("SELECT pg_backend_pid()")  # each in its own open transaction
+        for conn in held:
+            conn.commit()  # their server connections go back to the pool, idle
+            conn.close()
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/{pg.database}"
+    finally:
+        if pidfile.exists() and pidfile.read_text().strip():
+            os.kill(int(pidfile.read_text().strip()), signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.mark.postgres
+def test_postgres_behind_a_transaction_pooling_pgbouncer_fails(healthy, pgbouncer):
+    point_at(healthy, pgbouncer)
+    code, statuses, output = doctor()
+    assert code == 1, output
+    assert statuses["postgres pooler mode"] == "fail" and "transaction-pooling" in output
+    assert statuses["store reachable"] == "fail"
