@@ -9,7 +9,9 @@ of the call's arguments and its ``ctx``; it looks the effect up by ``ctx.idempot
   with that value, and the caller gets it;
 * :class:`NotHappened` ``(reason)``: it did not; the call fails cleanly
   (``EffectNotApplied``): the caller knows it is safe to try again;
-* ``None``, or an exception: it cannot tell; the call stays ``OutcomeUnknown``.
+* ``None``, or an exception: it cannot tell; the call stays ``OutcomeUnknown``. So does a
+  step that runs past the task's ``timeout_s`` (:data:`RECONCILE_TIMEOUT_S` without one):
+  it is interrupted as a body is.
 
 The delivery that finds the call's last attempt lost, and records ``OutcomeUnknown`` (the
 store's ``begin``), runs the function at once, and settles the call with the store's
@@ -31,6 +33,9 @@ from ..lifecycle import CallSpec, Draft, Outcome
 log = logging.getLogger("aaa_celery.guard")
 
 RECONCILED = "aaa.tool.reconciled"
+#: Seconds a reconcile step may run when its task has no ``timeout_s`` (it runs under the
+#: task's ``timeout_s`` otherwise); past it, the call stays ``OutcomeUnknown``.
+RECONCILE_TIMEOUT_S = 60.0
 #: The error type of a call whose reconcile function said the effect did not happen.
 NOT_APPLIED = "EffectNotApplied"
 

@@ -46,7 +46,7 @@ from ..lifecycle import (
     Refused,
 )
 from ..stores.base import Store
-from .reconcile import RECONCILED, Reconcile, reconcile_lost
+from .reconcile import RECONCILE_TIMEOUT_S, RECONCILED, Reconcile, reconcile_lost
 from .watchdog import BodyTimedOut, LeaseCancelled, Watchdog
 
 log = logging.getLogger("aaa_celery.guard")
@@ -187,7 +187,9 @@ class GuardRunner:
         """The refusal as it stands once ``reconcile`` (if any) asked about an unknown outcome."""
         if self.reconcile is None or refusal.error != "OutcomeUnknown":
             return refusal
-        settled = reconcile_lost(self.store, call, refusal, self.reconcile, self.codec.encode)
+        reconcile, timeout_s = self.reconcile, self.timeout_s or RECONCILE_TIMEOUT_S
+        bounded = lambda attempt: run_unguarded(self.config, timeout_s, lambda: reconcile(attempt))  # noqa: E731
+        settled = reconcile_lost(self.store, call, refusal, bounded, self.codec.encode)
         self.emit(RECONCILED, refusal.attempt, ok=settled.ok, error=settled.error)
         return settled
 

@@ -69,3 +69,16 @@ def test_cannot_tell_or_an_error_leaves_outcome_unknown(answer, kind):
     with pytest.raises(OutcomeUnknown):
         runner.run(call, "w2", lambda n: None)
     assert store.result("c1").error == "OutcomeUnknown" and found(store) == [kind]
+
+
+def test_a_reconcile_step_that_hangs_is_cut_at_the_timeout_and_leaves_outcome_unknown():
+    import time
+
+    store, call, _ = lost_call(None)
+    runner = GuardRunner(store, AMO, timeout_s=0.5, reconcile=lambda attempt: time.sleep(30))
+    started = time.monotonic()
+    with pytest.raises(OutcomeUnknown):
+        runner.run(call, "w2", lambda n: None)
+    assert time.monotonic() - started < 10
+    assert found(store) == ["error"]
+    assert [e.data["error"] for e in store.events("c1") if e.type == RECONCILED] == ["ToolTimeout"]
