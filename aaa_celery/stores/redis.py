@@ -110,6 +110,8 @@ _ERRORS = (
     redis.exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN
     redis.exceptions.TryAgainError,  # TRYAGAIN: a slot being migrated
     redis.exceptions.SlotNotCoveredError,
+    # READONLY: a replica (a primary demoted by a failover) cannot take the write now
+    redis.exceptions.ReadOnlyError,
 )
 #: Raised while a cluster client discovers the cluster (no seed node answers).
 _CONNECT_ERRORS = (*_ERRORS, redis.exceptions.RedisClusterException)

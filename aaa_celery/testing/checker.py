@@ -24,6 +24,11 @@
 * **I7** A completed call's recorded result equals the value that the attempt
   which wrote it returned (the ledger's ``end`` entry of that attempt).
 
+Some faults are outside the guarantee (the README says so): a Redis failover without
+AOF can lose a write that the old primary acknowledged. :func:`excuse` moves the
+violations of the calls such a fault touched into :class:`DocumentedException` records,
+which a report counts apart, next to the reason; they are never dropped silently.
+
 With ``store=None`` the checker works from the ledger alone (the plain-Celery
 baseline, which has no store): a call's results are its bodies' ``end`` entries,
 executions are numbered in start order, any overlap counts for I2, and I5/I7,
@@ -53,6 +58,31 @@ class Violation:
 
     def __str__(self) -> str:
         return f"{self.invariant} {self.call_id}: {self.message}"
+
+
+@dataclass(frozen=True)
+class DocumentedException:
+    """A violation the guarantee does not cover, with the documented reason."""
+
+    violation: Violation
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.violation} [documented exception: {self.reason}]"
+
+
+def excuse(violations: Iterable[Violation], excused: dict[str, str]) -> tuple[list[Violation], list[DocumentedException]]:
+    """Split ``violations`` into those that count and the documented exceptions: the
+    violations of the calls in ``excused`` (call id -> the documented reason, e.g. the
+    fault outside the guarantee that touched the call)."""
+    kept: list[Violation] = []
+    exceptions: list[DocumentedException] = []
+    for v in violations:
+        if v.call_id in excused:
+            exceptions.append(DocumentedException(v, excused[v.call_id]))
+        else:
+            kept.append(v)
+    return kept, exceptions
 
 
 @dataclass(frozen=True)

@@ -321,3 +321,14 @@ def test_ledger_only_counts_reruns(delivery, inv):
     h.body(cid, None, 0.0, 0.5, returns=False, exec_id="x1")
     h.body(cid, None, 2.0, 3.0, exec_id="x2")
     assert invariants(h.check(ledger_only=True)) == [inv]
+
+
+def test_excuse_counts_violations_of_calls_a_fault_outside_the_guarantee_touched_apart():
+    from aaa_celery.testing.checker import DocumentedException, Violation, excuse
+
+    lost = Violation("I1", "c1", "no result (lost)")
+    other = Violation("I2", "c2", "overlap")
+    kept, exceptions = excuse([lost, other], {"c1": "store_failover: a write to the old primary can be lost"})
+    assert kept == [other]
+    assert exceptions == [DocumentedException(lost, "store_failover: a write to the old primary can be lost")]
+    assert "documented exception" in str(exceptions[0])
