@@ -3,7 +3,7 @@
 -- KEYS[1] kombu's unacked hash (delivery tag -> JSON [message, exchange, routing key]):
 --         messages a worker took and has not acked yet (acks_late: until the task ends).
 -- KEYS[2..] the queue lists to look in (each queue with its priority lists).
--- ARGV[1] the most messages to read from one list     ARGV[2..] task ids.
+-- ARGV[1] the most messages to read from one list (its oldest)     ARGV[2..] task ids.
 -- Reads only; touches nothing.
 -- Returns, per task id in ARGV[2..] order: 2 when a message of the task waits in a queue,
 -- 1 when a worker took it (unacked), 0 when the broker has it nowhere, -1 when a list was
@@ -36,7 +36,9 @@ for k = 2, #KEYS do
   if redis.call('LLEN', KEYS[k]) > limit then
     whole = false
   end
-  for _, raw in ipairs(redis.call('LRANGE', KEYS[k], 0, limit - 1)) do
+  -- the oldest end (kombu pushes on the left and pops on the right): where calls old
+  -- enough to be looked for wait
+  for _, raw in ipairs(redis.call('LRANGE', KEYS[k], -limit, -1)) do
     local id = task_id(decoded(raw))
     if id and want[id] then
       want[id] = 2
