@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+import itertools
+from datetime import UTC, datetime
 from typing import Any
 
-from ..lifecycle import COMPLETED, FAILED, FENCED, RETRIED, STALE_RESULT, STARTED, Event, Outcome
 from ..guard.reconcile import RECONCILED
+from ..lifecycle import (
+    COMPLETED,
+    FAILED,
+    FENCED,
+    RETRIED,
+    STALE_RESULT,
+    STARTED,
+    Event,
+    Outcome,
+)
 from ..stores.ops import IN_DOUBT, RESOLVED
 
 #: What ended an attempt, by the event that says so.
@@ -18,7 +28,7 @@ def when(at: float | None) -> str:
     """A store time as ISO 8601 UTC with milliseconds."""
     if at is None:
         return "-"
-    return datetime.fromtimestamp(at, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _holder(worker: str) -> tuple[str, int | None]:
@@ -58,7 +68,7 @@ def timeline(call_id: str, events: list[Event], result: Outcome | None) -> dict[
             if e.type == FAILED and e.data.get("error") in IN_DOUBT:  # refused after the attempt was lost
                 attempt["ended"] = f"lost ({e.data['error']})"
     ordered = [attempts[n] for n in sorted(attempts)]
-    for this, following in zip(ordered, ordered[1:], strict=False):
+    for this, following in itertools.pairwise(ordered):
         if this["end"] is None:  # lost: its worker died or stalled, and attempt n+1 took over
             this["ended"] = f"lost (taken over by attempt {following['attempt']})"
     if ordered and ordered[-1]["end"] is None and result is not None and not result.ok:

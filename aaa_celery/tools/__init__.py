@@ -3,6 +3,7 @@
 from ..config import Delivery, GuardConfig, GuardPolicy, LostLease, RetryPolicy
 from ..context import ToolContext
 from ..errors import ExecutionAbandoned, OutcomeUnknown, PolicyDenied, ToolArgsError, ToolError
+from ..guard.reconcile import Happened, NotHappened
 from .handler import ToolHandler
 from .registry import ToolRegistry
 from .search import Index, search_tool
@@ -17,6 +18,9 @@ __all__ = [
     "search_tool",
     "Index",
     "Secret",
+    # what a reconcile step answers (@tool(reconcile=fn))
+    "Happened",
+    "NotHappened",
     # running them
     "ToolHandler",
     "ToolContext",

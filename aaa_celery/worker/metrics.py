@@ -50,8 +50,20 @@ from celery.signals import task_postrun, worker_process_init
 
 from ..config import GuardConfig
 from ..errors import ConfigError
-from ..lifecycle import COMPLETED, FAILED, FENCED, RETRIED, STALE_RESULT, STARTED, BeginResult, CallSpec, Claimed
-from ..lifecycle import FinishResult, Lease, Outcome
+from ..lifecycle import (
+    COMPLETED,
+    FAILED,
+    FENCED,
+    RETRIED,
+    STALE_RESULT,
+    STARTED,
+    BeginResult,
+    CallSpec,
+    Claimed,
+    FinishResult,
+    Lease,
+    Outcome,
+)
 from ..stores.base import Store
 from .stores import app_store, use_store
 

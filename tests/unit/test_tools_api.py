@@ -17,6 +17,7 @@ def test_public_names_of_aaa_celery_tools_are_frozen():
     assert sorted(tools.__all__) == sorted(
         [
             "Tool", "ToolRegistry", "tool", "search_tool", "Index", "Secret",
+            "Happened", "NotHappened",  # issue 14: a reconcile step's answers
             "ToolHandler", "ToolContext",
             "GuardConfig", "Delivery", "LostLease", "RetryPolicy", "GuardPolicy",
             "ToolError", "ToolArgsError", "OutcomeUnknown", "ExecutionAbandoned", "PolicyDenied",
