@@ -196,8 +196,8 @@ class Observer:
             m.fenced.labels(**labels).inc()
         elif audit_type == STALE_RESULT:
             m.stale.labels(**labels).inc()
-        elif audit_type == RECONCILED:
-            m.reconciled.labels(**labels).inc()
+        elif audit_type == RECONCILED and fields.get("error") != "OutcomeUnknown":
+            m.reconciled.labels(**labels).inc()  # settled: it happened, or it did not
         if audit_type in (FENCED, STALE_RESULT, RETRIED):
             _local.explained = self.task_id  # this delivery's Ignore is not a duplicate
 

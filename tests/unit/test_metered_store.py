@@ -16,8 +16,8 @@ from aaa_celery.stores.memory import MemoryStore  # noqa: E402
 from aaa_celery.worker.metrics import MeteredStore, Metrics  # noqa: E402
 
 
-def sample(registry, name, **labels):
-    return registry.get_sample_value(name, labels) or 0.0
+def sample(registry, metric, **labels):
+    return registry.get_sample_value(metric, labels) or 0.0
 
 
 def test_every_store_verb_reaches_the_wrapped_store_and_is_timed():
@@ -42,3 +42,19 @@ def test_every_store_verb_reaches_the_wrapped_store_and_is_timed():
     assert sample(registry, "aaa_lease_renew_failures_total", hostname="w1@host") == 0
     assert not store.renew(lease)  # finished: the lease is gone
     assert sample(registry, "aaa_lease_renew_failures_total", hostname="w1@host") == 1
+
+
+def test_only_a_reconcile_that_settles_the_call_counts_as_reconciled():
+    from types import SimpleNamespace
+
+    from aaa_celery.worker.metrics import RECONCILED, Observer
+
+    registry = CollectorRegistry()
+    task = SimpleNamespace(name="pay", request=SimpleNamespace(id="c1", hostname="w1@h",
+                                                               delivery_info={"routing_key": "aaa.default"}))
+    observe = Observer(Metrics(registry), task)
+    observe(RECONCILED, 1, {"ok": True, "error": None})
+    observe(RECONCILED, 1, {"ok": False, "error": "EffectNotApplied"})
+    observe(RECONCILED, 1, {"ok": False, "error": "OutcomeUnknown"})
+    labels = {"name": "pay", "hostname": "w1@h", "queue_name": "aaa.default"}
+    assert sample(registry, "aaa_task_reconciled_total", **labels) == 2
