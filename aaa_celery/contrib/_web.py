@@ -63,6 +63,11 @@ class Settings:
     """How long a call waits for a person, in seconds (default 24 h); then it fails as ApprovalExpired."""
     url_prefix: str = "/aaa"
     """Flask only: where the blueprint's routes live."""
+    auto_resume: bool = False
+    """Resume, in this process, runs whose process died (``Engine(auto_resume=True)``,
+    docs/durable-runs.md): with several web processes, a deploy or a crash loses no run."""
+    run_lease_s: float = 30.0
+    """How long a run's lease lasts without its driver's heartbeat (``Engine(run_lease_s=...)``)."""
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], prefix: str = "") -> Settings:
@@ -122,7 +127,8 @@ class AgentRuns:
         self.settings = settings
         self._authorize = check_authorize(settings)
         ttl_s = check_ttl(settings.approval_ttl_s, "APPROVAL_TTL_S")
-        self.engine = SyncEngine(Engine(app=load(settings.app), approval_ttl_s=ttl_s))
+        self.engine = SyncEngine(Engine(app=load(settings.app), approval_ttl_s=ttl_s,
+                                        run_lease_s=settings.run_lease_s, auto_resume=settings.auto_resume))
         tools = load(settings.tools)
         for handler in tools if isinstance(tools, list | tuple) else [tools]:
             load(handler).attach(self.engine)
@@ -130,6 +136,7 @@ class AgentRuns:
         (llm if isinstance(llm, LLMHandler) else LLMHandler(llm)).attach(self.engine)
         algorithm = load(settings.algorithm)
         self.algorithm = algorithm if algorithm is not None else ToolLoop(self.engine.engine.tools.registry)
+        self.engine.add_algo(self.algorithm)  # so this process can resume the runs of any process
 
     def allowed(self, request: Any, run: SyncRunHandle | None = None, call: PendingApproval | None = None) -> bool:
         """Whether ``request`` may list or start runs (no ``run``), see ``run``, or decide ``call``
@@ -159,6 +166,7 @@ class AgentRuns:
             "run_id": run_id,
             "tenant": handle.tenant,
             "status": handle.status,
+            "resumed": handle.resumed,
             "events": handle.events(after),
             "pending": [p.to_dict() for p in handle.pending_approvals()],
             "result": None if outcome is None else {"value": outcome.value, "error": outcome.error},
@@ -166,7 +174,8 @@ class AgentRuns:
 
     def runs(self, request: Any = None) -> list[dict[str, Any]]:
         """Every run (that ``request`` may see, when given), newest first: id, tenant and status."""
-        return [{"run_id": h.run_id, "tenant": h.tenant, "status": h.status} for h in self.engine.runs()
+        return [{"run_id": h.run_id, "tenant": h.tenant, "status": h.status, "resumed": h.resumed}
+                for h in self.engine.runs()
                 if request is None or self.allowed(request, h)]
 
     def approvals(self, request: Any = None) -> list[dict[str, Any]]:

@@ -109,7 +109,7 @@
     const tr = el("tr");
     const link = el("td");
     link.append(runLink(x.run_id));
-    tr.append(link, el("td", x.tenant || ""), el("td", x.status));
+    tr.append(link, el("td", x.tenant || ""), el("td", x.resumed ? `${x.status} (resumed)` : x.status));
     return tr;
   }
 
@@ -167,7 +167,8 @@
           table.append(eventRow(e));
           after = e.seq;
         }
-        document.getElementById("status").textContent = run.status;
+        document.getElementById("status").textContent =
+          run.resumed ? `${run.status} (resumed ${run.resumed}x)` : run.status;
         redraw("pending", run.pending, approvalBlocks);
         if (run.result) {
           redraw("result", run.result, resultBlock);

@@ -1,0 +1,166 @@
+"""Two web processes share runs and approvals through one Redis store (issue 15's acceptance).
+
+Each web process is a real Flask app under werkzeug's WSGI server on its own port
+(``tests/contrib/two_web_app.py``), both on one Redis (broker, result backend, store) and one
+``celery worker``. A run started on A waits for a person; a person approves it on B, in headless
+Chromium; the run completes on A. Then A is ``kill -9``ed in the middle of a long tool call; B
+(``auto_resume``) resumes the run once A's run lease lapsed. The long call's body ran once, and
+the model's recorded turns were not requested again: the model counts its requests.
+
+Reproduces on 88103e7: B knew nothing of A's runs (``/approvals`` empty, the approval 404), and
+A's death lost its run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.cookiejar
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..runtime.fleet import ROOT, Worker
+from .test_browser import TIMEOUT_S, browser  # noqa: F401 - the headless Chromium fixture
+
+pytestmark = [pytest.mark.redis, pytest.mark.timeout(240)]
+
+
+class Web:
+    """One web process: ``python -m tests.contrib.two_web_app``, stopped by its PID."""
+
+    def __init__(self, name: str, env: dict[str, str], tmp: Path) -> None:
+        self.name, port_file = name, tmp / f"{name}.port"
+        self.log = tmp / f"{name}.log"
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "tests.contrib.two_web_app", str(port_file)],
+                                         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            assert self.proc.poll() is None, f"{name} exited:\n{self.log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"{name} did not start:\n{self.log.read_text()[-3000:]}"
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{port_file.read_text()}/aaa"
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+
+    def get(self, path: str) -> Any:
+        with self.opener.open(self.url + path, timeout=15) as r:
+            return json.loads(r.read())
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        token = self.get("/csrf")["csrf_token"]
+        request = urllib.request.Request(self.url + path, json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json", "X-CSRFToken": token})
+        with self.opener.open(request, timeout=15) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def wait(check: Any, what: str, timeout_s: float = 60) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            value = check()
+            if value:
+                return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not true after {timeout_s} s")
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def env(redis_url: str) -> dict[str, str]:
+    return {**os.environ, "AAA_TWO_WEB_REDIS": redis_url, "AAA_TWO_WEB_LONG_S": "6",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+@pytest.fixture
+def fleet(env: dict[str, str], tmp_path: Path) -> Iterator[dict[str, Any]]:
+    started: list[Any] = []
+    try:
+        worker = Worker("two-web", ["aaa.default"], 4, env, tmp_path, app="tests.contrib.two_web_app")
+        started.append(worker)
+        worker.wait_ready()
+        a, b = Web("web-a", env, tmp_path), Web("web-b", env, tmp_path)
+        started += [a, b]
+        yield {"a": a, "b": b, "worker": worker}
+    except BaseException:
+        for path in sorted(tmp_path.glob("*.log")):
+            print(f"--- {path.name}\n{path.read_text(errors='replace')[-4000:]}")
+        raise
+    finally:
+        for proc in reversed(started):
+            proc.stop()
+
+
+def test_two_flask_processes_share_runs_approvals_and_resume(fleet: dict[str, Any], browser: Any, env):  # noqa: F811
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from . import two_web_app as app
+
+    os.environ["AAA_TWO_WEB_REDIS"] = env["AAA_TWO_WEB_REDIS"]
+    a, b = fleet["a"], fleet["b"]
+    until = WebDriverWait(browser, TIMEOUT_S, poll_frequency=0.1,
+                          ignored_exceptions=[StaleElementReferenceException]).until
+
+    # Given a run started on A that waits for a person
+    run_id = a.post("/runs", {"task": "refund A-100", "tenant": "acme"})["run_id"]
+    # B lists the approval (from the store), and a person approves it there, in a browser
+    [pending] = wait(lambda: b.get("/approvals")["approvals"], "B lists the approval")
+    assert (pending["run_id"], pending["tool"], pending["arguments"]) == (run_id, "refund",
+                                                                          {"order": "A-100", "amount": 30})
+    browser.get(f"{b.url}/runs/{run_id}")
+    until(ec.text_to_be_present_in_element((By.ID, "status"), "waiting"))
+
+    def click_approve(driver: Any) -> bool:
+        driver.find_element(By.CSS_SELECTOR, "#pending .approve").click()
+        return True
+
+    until(click_approve)
+    # Then the run completes on A (A drove it throughout: not resumed), and B shows it completed
+    done = wait(lambda: (r := a.get(f"/runs/{run_id}/events"))["status"] == "completed" and r, "A ends the run")
+    assert done["result"]["value"]["text"] == "order A-100: paid 30 EUR | refunded 30 EUR on A-100"
+    assert done["resumed"] == 0 and "aaa.approval.granted" in [e["type"] for e in done["events"]]
+    until(ec.text_to_be_present_in_element((By.ID, "status"), "completed"))
+    assert [e["tool"] for e in app.read(app.LEDGER)].count("refund") == 1
+
+    # Given a second run on A, in the middle of its long call, when A is kill -9ed
+    run_id = a.post("/runs", {"task": "report A-200", "tenant": "acme"})["run_id"]
+    wait(lambda: [e for e in app.read(app.LEDGER) if e.get("event") == "start"], "the long call runs", 60)
+    os.kill(a.proc.pid, signal.SIGKILL)
+    a.proc.wait(10)
+    # Then B resumes it (its run lease lapsed: 2 s) and ends it
+    done = wait(lambda: (r := b.get(f"/runs/{run_id}/events"))["status"] == "completed" and r,
+                "B resumes and ends the run", 90)
+    assert done["result"]["value"]["text"] == "order A-200: paid 30 EUR | report on A-200"
+    assert done["resumed"] == 1
+    types = [e["type"] for e in done["events"]]
+    assert types.count("aaa.run.resumed") == 1 and types.count("aaa.llm.replayed") == 2
+    # the long call's body ran once
+    report = [e for e in app.read(app.LEDGER) if e["tool"] == "long_report"]
+    assert [e["event"] for e in report] == ["start", "end"]
+    # and the model's recorded turns were not requested again: turns 0 and 1 from A, turn 2 from B
+    asked = [(m["turn"], m["pid"]) for m in app.read(app.MODEL) if m["task"] == "report A-200"]
+    assert asked == [(0, a.proc.pid), (1, a.proc.pid), (2, b.proc.pid)]
+    # B's page shows the run resumed
+    browser.get(f"{b.url}/runs/{run_id}")
+    until(ec.text_to_be_present_in_element((By.ID, "status"), "completed (resumed 1x)"))
