@@ -48,6 +48,35 @@ def get(url: str) -> tuple[int, str]:
         return r.status, r.read().decode()
 
 
+class Browser:
+    """An API client of the Flask app: a session cookie and its CSRF token."""
+
+    def __init__(self, base: str) -> None:
+        import http.cookiejar
+
+        self.base = base
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+        self.token = self.get("/aaa/csrf")["csrf_token"]
+
+    def get(self, path: str) -> dict:
+        with self.opener.open(self.base + path, timeout=10) as r:
+            return json.loads(r.read())
+
+    def post(self, path: str, body: dict) -> tuple[int, dict]:
+        request = urllib.request.Request(self.base + path, data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json", "X-CSRFToken": self.token})
+        with self.opener.open(request, timeout=10) as r:
+            return r.status, json.loads(r.read())
+
+
+def wait(check, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while not (value := check()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+    return value
+
+
 def test_fleet_sh_starts_serves_a_tool_call_and_stops_everything_on_ctrl_c(tmp_path):
     for binary in ("redis-server", "initdb", "pg_ctl"):
         if shutil.which(binary) is None:
@@ -82,6 +111,24 @@ def test_fleet_sh_starts_serves_a_tool_call_and_stops_everything_on_ctrl_c(tmp_p
         assert shown.returncode == 0, shown.stderr
         story = json.loads(shown.stdout)
         assert story["state"] == "completed" and story["attempts"][0]["worker"].startswith("pool-")
+
+        # The agent example through the fleet: a run started on the Flask app looks the order up
+        # on a pool, waits for a person, and refunds once approved.
+        web = Browser(fleet["AAA_FLEET_FLASK"])
+        status, started_run = web.post("/aaa/runs", {"task": "refund order A-100", "tenant": "acme"})
+        assert status == 201
+        run_id = started_run["run_id"]
+        [pending] = wait(lambda: web.get("/aaa/approvals")["approvals"])
+        assert pending["tool"] == "refund" and pending["run_id"] == run_id
+        status, _ = web.post(f"/aaa/runs/{run_id}/approvals/{pending['call_id']}",
+                             {"decision": "approve", "digest": pending["digest"]})
+        assert status == 200
+        finished = wait(lambda: (x := web.get(f"/aaa/runs/{run_id}/events"))["result"] and x)
+        assert finished["status"] == "completed"
+        assert "refunded 30 EUR on A-100" in finished["result"]["value"]["text"]
+        calls = {c["name"]: c for c in web.get(f"/aaa/runs/{run_id}/attempts")["calls"]}
+        assert [e["type"] for e in calls["refund"]["trail"]] == ["aaa.tool.started", "aaa.tool.completed"]
+        assert calls["refund"]["trail"][0]["data"]["worker"].startswith("pool-")
 
         # The web pages and the metrics.
         assert get(f"{fleet['AAA_FLEET_FLASK']}/aaa/")[0] == 200
