@@ -38,8 +38,10 @@ which wraps the app's store in each worker process.
 from __future__ import annotations
 
 import abc
+import atexit
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -139,11 +141,17 @@ def enable_multiprocess() -> str:
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")
     if not path:
         path = os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="aaa-metrics-")
+        atexit.register(_remove_samples, path, os.getpid())  # ours: gone with the worker
     os.makedirs(path, exist_ok=True)
     if values.ValueClass is values.MutexValue:
         # Chosen when prometheus_client was first imported; ours are made after this.
         values.ValueClass = values.MultiProcessValue()
     return path
+
+
+def _remove_samples(path: str, owner: int) -> None:
+    if os.getpid() == owner:  # the worker's main process, never a pool child that exits
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def setup(registry: Any = None) -> Metrics:
@@ -223,6 +231,15 @@ def on_task_postrun(sender: Any = None, task_id: str | None = None, state: str |
 # -- The store, timed -------------------------------------------------------------------------
 
 
+def _safely(record: Any) -> None:
+    """Record a sample; a metrics failure (its directory gone, a full disk) never fails the
+    store operation it measures."""
+    try:
+        record()
+    except Exception as e:  # noqa: BLE001 - monitoring never fails a call
+        log.debug("aaa: a store metric was not recorded: %r", e)
+
+
 class MeteredStore(Store):
     """A store whose round trips, renewals and heartbeat lag are measured; the rest of the
     store (its own attributes and methods) is reached through it unchanged."""
@@ -241,8 +258,9 @@ class MeteredStore(Store):
         try:
             return fn(*args, **kwargs)
         finally:
-            self.metrics.store_latency.labels(op=op, store=self.kind, hostname=self.hostname).observe(
-                time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            _safely(lambda: self.metrics.store_latency.labels(op=op, store=self.kind, hostname=self.hostname)
+                    .observe(elapsed))
 
     def _forget(self, lease: Lease) -> None:
         with self._beats_lock:
@@ -262,14 +280,15 @@ class MeteredStore(Store):
             if last is not None:
                 self._beats[lease.token] = (now, last[1])
         if last is not None:
-            self.metrics.heartbeat_lag.labels(hostname=self.hostname).observe(max(0.0, now - last[0] - last[1]))
+            lag = max(0.0, now - last[0] - last[1])
+            _safely(lambda: self.metrics.heartbeat_lag.labels(hostname=self.hostname).observe(lag))
         ok = False
         try:
             ok = bool(self._timed("renew", self.inner.renew, lease))
             return ok
         finally:
             if not ok:
-                self.metrics.renew_failures.labels(hostname=self.hostname).inc()
+                _safely(lambda: self.metrics.renew_failures.labels(hostname=self.hostname).inc())
 
     def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
         self._forget(lease)
