@@ -73,6 +73,7 @@ def test_message_deleted_before_any_worker_took_it_completes_within_120_s_on_def
     assert types(f.store, result.id) == [STARTED, COMPLETED]
 
 
+@pytest.mark.timeout(1800 if LONG else 300)
 def test_healthy_backlog_costs_at_most_one_republished_copy_per_call(fleet):
     """Reproduces on 4a34578: a call waiting in a queue was republished once per hold
     period (10 s) from the grace on; 1,000 queued calls gave 6,000 copies a minute."""
