@@ -2,8 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+
+class AttemptGuard(Protocol):
+    """What the guard tells a running attempt about its lease (see :class:`ToolContext`)."""
+
+    def lease_remaining_s(self) -> float: ...
+
+    def check_lease(self, min_s: float) -> None: ...
+
+    def checkpoint(self, data: Any) -> None: ...
+
+    def last_checkpoint(self) -> Any: ...
+
+
+#: The guard of the attempt running in this thread (or asyncio task), if any.
+_attempt: ContextVar[AttemptGuard | None] = ContextVar("aaa_attempt", default=None)
+
+
+@contextmanager
+def running_attempt(guard: AttemptGuard) -> Iterator[None]:
+    """Make ``guard`` the one a ``ToolContext`` made inside this block reports on."""
+    reset = _attempt.set(guard)
+    try:
+        yield
+    finally:
+        _attempt.reset(reset)
 
 
 @dataclass
@@ -29,6 +58,7 @@ class ToolContext:
     tenant: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     tool_call_id: str | None = None
+    guard: AttemptGuard | None = field(default_factory=_attempt.get, repr=False, compare=False)
 
     @classmethod
     def direct(cls) -> ToolContext:
@@ -41,3 +71,32 @@ class ToolContext:
     def guarded(self) -> bool:
         """Whether this call runs under the guard (False for a direct call)."""
         return not self.meta.get("unguarded", False)
+
+    @property
+    def lease_remaining_s(self) -> float:
+        """Seconds this attempt's lease is proved for (the TTL since the last renewal the
+        store confirmed); 0 once lost, infinite when the call is not guarded."""
+        return self.guard.lease_remaining_s() if self.guard is not None else float("inf")
+
+    def check_lease(self, min_s: float = 0.0) -> None:
+        """Raise :class:`~aaa_celery.errors.LeaseLost` unless the lease is proved for at
+        least ``min_s`` more seconds (renewing it now if it must). Call it just before an
+        effect you might not finish under the lease; the attempt then ends without a
+        result (as a lost lease's does) instead of starting that effect. ``min_s`` must not
+        exceed ``lease_ttl_s``."""
+        if self.guard is not None:
+            self.guard.check_lease(min_s)
+
+    def checkpoint(self, data: Any) -> None:
+        """Save ``data`` (JSON, at most ``MAX_CHECKPOINT_BYTES`` = 64 KiB encoded) as this
+        call's progress. It is written with the lease's next renewal (only while this
+        attempt holds the lease), and a later attempt of the same call reads it as
+        :attr:`last_checkpoint`. A later checkpoint replaces an earlier one."""
+        if self.guard is not None:
+            self.guard.checkpoint(data)
+
+    @property
+    def last_checkpoint(self) -> Any:
+        """The data of the last checkpoint saved for this call (by an earlier attempt, or
+        this one), or None. Read from the store on each access."""
+        return self.guard.last_checkpoint() if self.guard is not None else None

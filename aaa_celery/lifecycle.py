@@ -249,6 +249,41 @@ def retried_event(lease: Lease) -> Draft:
     return _draft(lease.call_id, RETRIED, lease.attempt, fenced_data(lease))
 
 
+# -- Checkpoints ----------------------------------------------------------------------
+
+#: The largest checkpoint a tool may save, as encoded JSON (bytes).
+MAX_CHECKPOINT_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A tool's saved progress: ``data`` (JSON), saved by attempt ``attempt``."""
+
+    attempt: int
+    data: Any
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Checkpoint:
+        return cls(**json.loads(raw))
+
+
+def checkpoint_json(attempt: int, data: Any) -> str:
+    """The stored form of a checkpoint; ``ValueError`` if ``data`` is not JSON or too large."""
+    try:
+        raw = Checkpoint(attempt, data).to_json()
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"a checkpoint must be JSON data: {e}") from e
+    if len(raw.encode("utf-8")) > MAX_CHECKPOINT_BYTES:
+        raise ValueError(
+            f"a checkpoint is at most {MAX_CHECKPOINT_BYTES} bytes of JSON, this one is "
+            f"{len(raw.encode('utf-8'))}: keep large state in your own storage and checkpoint its key"
+        )
+    return raw
+
+
 # -- Replies ---------------------------------------------------------------------------
 
 
@@ -308,6 +343,8 @@ class CallState:
     worker that holds it and when it lapses (None for a lease bound to a session).
     ``handed_on`` is the attempt that last handed the call on to its next delivery
     (a retry its body asked for), 0 if none did; ``handed`` is how many attempts did.
+    ``token`` is the token of the call's last claim while its holder has not let it go
+    (live or lapsed), "" if none: a retried ``begin`` with that token is recognized.
     """
 
     attempts: int = 0
@@ -317,6 +354,15 @@ class CallState:
     expires_at: float | None = None
     handed_on: int = 0
     handed: int = 0
+    token: str = ""
+
+
+def same_claim(stored: str, token: str | None) -> bool:
+    """Whether the lease token ``stored`` was given out by a ``begin`` that used ``token``.
+
+    A session-bound store prefixes the token with its session (``<session>.<token>``), and a
+    retried ``begin`` runs on a new session, so only the part after the last dot counts."""
+    return bool(stored) and bool(token) and stored.rpartition(".")[2] == str(token).rpartition(".")[2]
 
 
 @dataclass(frozen=True)
@@ -342,8 +388,13 @@ def refusal(attempts: int, config: GuardConfig, lost: int | None = None) -> Outc
     return Outcome.failure("ExecutionAbandoned", ABANDONED_MESSAGE.format(attempts=lost), attempts)
 
 
-def decide_begin(state: CallState, config: GuardConfig) -> BeginDecision:
+def decide_begin(state: CallState, config: GuardConfig, token: str | None = None) -> BeginDecision:
     """Decide what a delivery of a call does: run it, wait, or answer without running.
+
+    ``begin`` is idempotent: a ``begin`` retried with the ``token`` of a claim whose reply
+    was lost (the write landed, the answer did not) claims that same attempt again, live
+    or lapsed. It is never refused as busy, and no attempt is wasted or counted as lost:
+    that attempt's body never ran, since its worker never heard it had the claim.
 
     The caps count *lost* attempts (crashes, stalls). An attempt that handed the call on
     (a retry its body asked for) was not lost: its owner reported that it is not done. So
@@ -352,6 +403,8 @@ def decide_begin(state: CallState, config: GuardConfig) -> BeginDecision:
     """
     if state.result is not None:
         return BeginDecision("finished")
+    if state.attempts > 0 and same_claim(state.token, token):
+        return BeginDecision("claim", attempt=state.attempts)
     if state.holder_live:
         return BeginDecision("busy")
     last_handed_on = state.attempts > 0 and state.handed_on == state.attempts
@@ -413,9 +466,10 @@ def plan_begin(
     """A delivery of ``call`` (the spec the store keeps) to ``worker``, as writes.
 
     A claim's lease gets ``token``, and lapses ``config.lease_ttl_s`` after ``now``
-    (``now`` None: the lease is bound to a session and has no expiry).
+    (``now`` None: the lease is bound to a session and has no expiry). A ``token`` that
+    made the call's last claim claims that attempt again (see :func:`decide_begin`).
     """
-    decision = decide_begin(state, config)
+    decision = decide_begin(state, config, token)
     if decision.kind == "finished":
         assert state.result is not None
         return Writes(Finished(state.result))

@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import builtins
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..config import GuardConfig, RetryPolicy
-from ..errors import TOOL_ERRORS, StoreUnavailable, ToolError, ToolTimeout
+from ..context import running_attempt
+from ..errors import TOOL_ERRORS, LeaseLost, StoreUnavailable, ToolError, ToolTimeout
 from ..lifecycle import (
     FENCED,
     RETRIED,
@@ -45,7 +47,8 @@ from ..lifecycle import (
     Outcome,
     Refused,
 )
-from ..stores.base import Store
+from ..stores.base import Store, new_token
+from .lease import AttemptLease
 from .reconcile import RECONCILE_TIMEOUT_S, RECONCILED, Reconcile, reconcile_lost
 from .watchdog import BodyTimedOut, LeaseCancelled, Watchdog
 
@@ -158,13 +161,9 @@ class GuardRunner:
     def run(self, call: CallSpec, worker: str, body: Body) -> Any:
         """One delivery of ``call`` by ``worker``: claim, run, record, answer."""
         busy_until = time.monotonic() + BUSY_POLLS * self.config.wait_poll_s
+        token = _unanswered.take(call.call_id) or new_token()
         while True:
-            try:
-                decision = self.store.begin(call, worker, self.config)
-            except StoreUnavailable:
-                # Never run without a claim; back off a little before handing the message back.
-                time.sleep(min(5.0, self.config.wait_poll_s * 4))
-                raise HandBack("aaa store unavailable at begin") from None
+            decision = self._begin(call, worker, token)
             if isinstance(decision, Claimed):
                 self.emit(STARTED, decision.lease.attempt, worker=worker)
                 return self.attempt(call, decision.lease, body)
@@ -206,16 +205,47 @@ class GuardRunner:
             return False
         return left <= BUSY_POLLS * self.config.wait_poll_s
 
+    def _begin(self, call: CallSpec, worker: str, token: str) -> Any:
+        """``begin``, retried with the same ``token`` while the store is unreachable, for up to
+        a lease TTL: a try whose write landed but whose reply was lost is then recognized by
+        its token and claims (``begin`` is idempotent), so no attempt is wasted. Past that,
+        the message goes back to the broker; a later delivery in this process reuses the
+        token, so even a claim that lapsed meanwhile is claimed again, not refused."""
+        give_up = time.monotonic() + self.config.lease_ttl_s
+        delay = min(0.2, self.config.wait_poll_s)
+        while True:
+            started = time.monotonic()
+            try:
+                return self.store.begin(call, worker, self.config, token)
+            except Exception as e:  # noqa: BLE001 - any store error (READONLY, OOM, ...) is store trouble
+                # Never run without a claim, and never make store trouble the call's result.
+                _log_trouble("begin", call.call_id, e)
+                if time.monotonic() >= give_up:
+                    _unanswered.put(call.call_id, token)
+                    raise HandBack("aaa store unavailable at begin") from None
+                time.sleep(max(0.0, min(delay - (time.monotonic() - started), give_up - time.monotonic())))
+                delay = min(delay * 2, 2.0)
+
     def attempt(self, call: CallSpec, lease: Lease, body: Body) -> Any:
-        """Run a claimed attempt under its watchdog and record its outcome."""
+        """Run a claimed attempt under its watchdog and record its outcome. The heartbeat
+        goes on until the outcome is recorded (or given up), so the lease outlives the body
+        by as long as recording its result takes."""
+        watchdog = Watchdog(self.store, lease, self.config, self.timeout_s)
+        try:
+            return self._attempt(call, lease, body, watchdog)
+        finally:
+            watchdog.close()
+
+    def _attempt(self, call: CallSpec, lease: Lease, body: Body, watchdog: Watchdog) -> Any:
         error: BaseException | None = None
         value: Any = None
         try:
-            value = Watchdog(self.store, lease, self.config, self.timeout_s).run(lambda: body(lease.attempt))
+            with running_attempt(AttemptLease(self.store, lease, watchdog)):
+                value = watchdog.run(lambda: body(lease.attempt), keep_renewing=True)
             outcome = self._success(call, value, lease.attempt)
             if not outcome.ok:
                 error = TypeError(outcome.message)
-        except LeaseCancelled:
+        except (LeaseCancelled, LeaseLost):
             try:
                 self.store.fenced(lease)
             except Exception as e:  # noqa: BLE001 - the audit is best effort; the store's trouble is why we are here
@@ -252,15 +282,58 @@ class GuardRunner:
             return Outcome.failure("TypeError", message, attempt)
 
     def finish(self, lease: Lease, outcome: Outcome) -> Any:
-        """Record the outcome, retrying with backoff while the store is unreachable."""
+        """Record the outcome, retrying with backoff while the store is unreachable (the
+        lease is renewed meanwhile). Each try starts its delay after the previous one
+        started: a try that waited out a socket timeout is followed at once, so a store
+        that pauses finds a ``finish`` queued when it resumes. When the tries run out, the
+        lease is given back (on PostgreSQL, the lock is held until then) and the message
+        goes back to the broker."""
         delays = self.result_retry.delays()
         while True:
+            started = time.monotonic()
             try:
                 return self.store.finish(lease, outcome, self.config)
-            except StoreUnavailable:
+            except Exception as e:  # noqa: BLE001 - any store error (READONLY, OOM, ...) is store trouble
+                _log_trouble("finish", lease.call_id, e)
                 if not delays:
+                    try:
+                        self.store.release(lease)
+                    except Exception as e:  # noqa: BLE001 - best effort: the store is why we give up
+                        log.debug("aaa: could not release %s after finish failed: %r", lease.call_id, e)
                     raise HandBack("aaa store unavailable at finish") from None
-                time.sleep(delays.pop(0))
+                time.sleep(max(0.0, delays.pop(0) - (time.monotonic() - started)))
+
+
+def _log_trouble(op: str, call_id: str, error: BaseException) -> None:
+    """Store trouble is retried, never a call's result; an error that is not an outage
+    (a bug, a misconfigured server) is logged with its traceback."""
+    if isinstance(error, StoreUnavailable):
+        log.info("aaa: %s of %s: %s (retrying)", op, call_id, error)
+    else:
+        log.warning("aaa: %s of %s failed (treated as store trouble, retrying): %r", op, call_id, error,
+                    exc_info=error)
+
+
+class _Unanswered:
+    """Tokens of ``begin`` calls whose answer never came, by call id: the next delivery of
+    that call in this process retries with the same token (see ``GuardRunner._begin``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tokens: dict[str, str] = {}
+
+    def put(self, call_id: str, token: str) -> None:
+        with self._lock:
+            if len(self._tokens) >= 10_000:
+                self._tokens.pop(next(iter(self._tokens)))
+            self._tokens[call_id] = token
+
+    def take(self, call_id: str) -> str | None:
+        with self._lock:
+            return self._tokens.pop(call_id, None)
+
+
+_unanswered = _Unanswered()
 
 
 def run_unguarded(config: GuardConfig, timeout_s: float | None, body: Callable[[], Any]) -> Any:

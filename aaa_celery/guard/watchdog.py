@@ -27,6 +27,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..config import GuardConfig, LostLease
@@ -93,6 +94,9 @@ class _Scheduler:
         #: When the thread wakes next on its own (it never sleeps longer than IDLE_WAKE_S).
         #: An entry due later needs no notify, so a call's start and end never wake it.
         self._wakes_at = 0.0
+        #: Renewals run here, never on the watchdog thread: a slow store call must not
+        #: delay another call's deadline or timeout.
+        self.renewals = ThreadPoolExecutor(RENEWAL_THREADS, thread_name_prefix="aaa-renew")
         self._thread = threading.Thread(target=self._loop, name="aaa-watchdog", daemon=True)
         self._thread.start()
 
@@ -138,8 +142,16 @@ class _Scheduler:
                     # no notify: this thread is the only waiter
 
 
+#: How many renewals of different calls may be in flight at once in one process.
+RENEWAL_THREADS = 8
+
 _scheduler: _Scheduler | None = None
 _scheduler_lock = threading.Lock()
+
+
+def renewer() -> ThreadPoolExecutor:
+    """This process's renewal threads (``aaa-renew``), started on demand."""
+    return scheduler().renewals
 
 
 def scheduler() -> _Scheduler:
@@ -180,7 +192,17 @@ def _register_fork_hook() -> None:
 
 
 class Watchdog:
-    """Heartbeat and timeout for one call, run around the tool body."""
+    """Heartbeat and timeout for one call, run around the tool body.
+
+    The body's phase ends with :meth:`run`; with ``keep_renewing=True`` the heartbeat goes
+    on after it, until :meth:`close`, so the lease lives while the result is recorded
+    (``finish`` and its retries). Each renewal runs on the process's renewal threads, never
+    on the watchdog thread: a slow store call delays no other call's heartbeat, deadline or
+    timeout. A renewal that fails for any reason is retried within the lease; the lease
+    counts as lost when a renewal says another attempt holds the call, or when no renewal
+    has proved it for ``lease_ttl_s`` (the call's deadline, enforced here whatever the store
+    does). ``timeout_s`` bounds the body under every ``on_lost_lease``.
+    """
 
     def __init__(
         self,
@@ -192,10 +214,16 @@ class Watchdog:
         self.store, self.lease, self.config = store, lease, config
         self.timeout_s = timeout_s
         self.lost = False
+        #: Why the lease was lost: "lease_taken" (a renewal found another attempt holding
+        #: the call) or "store_unreachable" (no renewal could prove it within its TTL).
+        self.lost_cause: str | None = None
         self.reason: type[Interrupted] | None = None
         self._armed = threading.Lock()
         self._running = False
         self._watched = False
+        self._closed = False
+        self._renewing = False
+        self._warned = False
         self._target = threading.get_ident()
         self._on_main = threading.current_thread() is threading.main_thread()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -203,10 +231,17 @@ class Watchdog:
         self._deadline: float | None = None
         self._next_beat = float("inf")
         self._last_ok = 0.0
+        self._tried_at = 0.0
+        #: When a renewal tried after a freeze is judged (None: no such try pending).
+        self._judge_at: float | None = None
+        #: A checkpoint to write with the next renewal (ctx.checkpoint), if any.
+        self._checkpoint: str | None = None
 
     # -- running a body ---------------------------------------------------
-    def run(self, body: Callable[[], Any]) -> Any:
-        """Run ``body`` (a sync callable, or one returning a coroutine) under the watchdog."""
+    def run(self, body: Callable[[], Any], *, keep_renewing: bool = False) -> Any:
+        """Run ``body`` (a sync callable, or one returning a coroutine) under the watchdog.
+
+        With ``keep_renewing`` the heartbeat goes on once the body ended, until :meth:`close`."""
         self._start()
         try:
             result = body()
@@ -218,7 +253,41 @@ class Watchdog:
                 raise self.reason() from None
             raise
         finally:
-            self._finish()
+            self._body_ended()
+            if not keep_renewing:
+                self.close()
+
+    def lease_remaining_s(self) -> float:
+        """Seconds the lease is proved for: until its TTL runs out since the last renewal
+        the store confirmed (0 once lost; infinite without a lease)."""
+        if self.lease is None:
+            return float("inf")
+        if self.lost:
+            return 0.0
+        return max(0.0, self._last_ok + self.lease.ttl_s - time.monotonic())
+
+    def proved(self, sent: float) -> None:
+        """A renewal sent at ``sent`` (monotonic) succeeded: the lease holds for a TTL from then."""
+        with self._armed:
+            self._last_ok = max(self._last_ok, sent)
+            self._judge_at = None
+
+    def lose(self, cause: str) -> None:
+        """The lease is lost (``cause``: see :attr:`lost_cause`)."""
+        self._lose(cause)
+
+    def save_with_next_renewal(self, checkpoint: str) -> None:
+        """Write ``checkpoint`` with the lease's next renewal (a newer one replaces it)."""
+        with self._armed:
+            self._checkpoint = checkpoint
+
+    def close(self) -> None:
+        """Stop the heartbeat (the attempt's result is recorded, or given up)."""
+        with self._armed:
+            self._closed = True
+        if self._watched:
+            self._watched = False
+            scheduler().discard(self)
 
     async def _guarded(self, coro: Any) -> Any:
         self._loop = asyncio.get_running_loop()
@@ -245,17 +314,19 @@ class Watchdog:
             self._watched = True
             scheduler().add(self, wake)
 
-    def _finish(self) -> None:
+    def _body_ended(self) -> None:
         global _main_watchdog
         with self._armed:
             self._running = False
-        if self._watched:
-            scheduler().discard(self)
+            self._deadline = None
         if self._on_main and _main_watchdog is self:
             _main_watchdog = None
 
     def _wake(self) -> float | None:
-        wake = self._next_beat
+        wake = float("inf")
+        if self.lease is not None and not self.lost:
+            deadline = self._judge_at if self._judge_at is not None else self._last_ok + self.lease.ttl_s
+            wake = min(self._next_beat, deadline)
         if self._deadline is not None:
             wake = min(wake, self._deadline)
         return None if wake == float("inf") else wake
@@ -263,29 +334,83 @@ class Watchdog:
     # -- on the watchdog thread -----------------------------------------------
     def _tick(self, now: float) -> float | None:
         """Do what is due; return when to wake next, or None to stop watching this call."""
-        if not self._running:
+        if self._closed:
             return None
         if self._deadline is not None and now >= self._deadline:
-            self._interrupt(BodyTimedOut)
-            return None
-        if self.lease is not None and now >= self._next_beat:
-            self._next_beat = now + self.config.heartbeat_period_s
-            try:
-                ok = self.store.renew(self.lease)  # type: ignore[union-attr]
-                if ok:
-                    self._last_ok = now
-            except Exception as e:  # noqa: BLE001 - any store trouble, not only a lost connection
-                # A renewal that fails for any reason (an outage, a READONLY replica after a
-                # failover, OOM, BUSY) is not a lost lease until the TTL has surely run out;
-                # then it is, and the body is cancelled, never left running unrenewed.
-                log.warning("aaa: renewing the lease of %s failed: %r", self.lease.call_id, e)
-                ok = now - self._last_ok < self.lease.ttl_s
-            if not ok:
-                self.lost = True
-                if self.config.on_lost_lease is LostLease.CANCEL:
-                    self._interrupt(LeaseCancelled)
-                return None
+            self._deadline = None
+            self._interrupt(BodyTimedOut)  # the heartbeat goes on while the timeout is recorded
+        if self.lease is not None and not self.lost:
+            period = self.config.heartbeat_period_s
+            if now >= self._last_ok + self.lease.ttl_s:
+                if self._judge_at is None and self._tried_at < now - period:
+                    # No renewal was even tried lately: this process was frozen (or starved).
+                    # A session-bound lease may still hold: one try decides, within a period.
+                    self._judge_at = self._next_beat = now + period
+                    self._renew_now(now)
+                elif self._judge_at is not None and now < self._judge_at:
+                    self._next_beat = max(self._next_beat, self._judge_at)  # wait for that try
+                else:
+                    # Renewals were tried and none proved the lease within its TTL: whatever
+                    # the store says later, another worker may hold the call now.
+                    self._lose("store_unreachable")
+            elif now >= self._next_beat:
+                self._next_beat = now + period
+                self._renew_now(now)
         return self._wake()
+
+    def _renew_now(self, now: float) -> None:
+        if not self._renewing:  # one renewal in flight per call at most
+            self._renewing = True
+            self._tried_at = now
+            renewer().submit(self._renew, now)
+
+    # -- on a renewal thread --------------------------------------------------
+    def _renew(self, sent: float) -> None:
+        """Renew the lease once; a success proves it for a TTL from ``sent``."""
+        assert self.store is not None and self.lease is not None
+        with self._armed:
+            checkpoint, self._checkpoint = self._checkpoint, None
+        try:
+            ok: bool | None = bool(self.store.renew(self.lease))
+            if ok and checkpoint is not None:
+                self.store.save_checkpoint(self.lease, checkpoint)
+                checkpoint = None
+        except Exception as e:  # noqa: BLE001 - any store trouble, not only a lost connection
+            # An outage, a READONLY replica after a failover, OOM, BUSY, a timeout: the lease
+            # is not lost, only unproved, until its TTL runs out (then _tick gives it up).
+            ok = None
+            if not self._warned:
+                self._warned = True
+                log.warning("aaa: renewing the lease of %s failed (retrying within the lease): %r",
+                            self.lease.call_id, e)
+            else:
+                log.debug("aaa: renewing the lease of %s failed again: %r", self.lease.call_id, e)
+        with self._armed:
+            if checkpoint is not None and self._checkpoint is None:
+                self._checkpoint = checkpoint  # not written: try again with the next renewal
+            self._renewing = False
+            if ok:
+                self._last_ok = max(self._last_ok, sent)
+                self._judge_at = None
+            elif ok is None:
+                # Retry soon within the lease, not a whole heartbeat later.
+                self._next_beat = min(self._next_beat, time.monotonic() + self._retry_s())
+        if ok is False:
+            self._lose("lease_taken")
+        elif ok is None and self._watched and not self._closed:
+            scheduler().add(self, self._next_beat)
+
+    def _retry_s(self) -> float:
+        assert self.lease is not None
+        return max(0.05, min(self.config.heartbeat_period_s, self.lease.ttl_s / 10))
+
+    def _lose(self, cause: str) -> None:
+        with self._armed:
+            if self.lost or self._closed:
+                return
+            self.lost, self.lost_cause = True, cause
+        if self._running and self.config.on_lost_lease is LostLease.CANCEL:
+            self._interrupt(LeaseCancelled)
 
     def _interrupt(self, reason: type[Interrupted]) -> None:
         with self._armed:

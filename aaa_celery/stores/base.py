@@ -19,6 +19,7 @@ from ..errors import StoreUnavailable
 from ..lifecycle import (
     BeginResult,
     CallSpec,
+    Checkpoint,
     Draft,
     Event,
     FinishResult,
@@ -64,8 +65,13 @@ class Store(RunRecords, abc.ABC):
     ttl_leases: bool = True
 
     @abc.abstractmethod
-    def begin(self, call: CallSpec, worker: str, config: GuardConfig) -> BeginResult:
+    def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
         """Claim the call for a new attempt, or say why not.
+
+        ``token`` (default: a new one) names this claim. A ``begin`` retried with the
+        token of one whose write landed but whose reply was lost claims that same attempt
+        again (never ``Busy``, no attempt wasted): pass the same token to every retry of
+        one delivery's ``begin``, and a new one to each delivery.
 
         On ``Claimed`` the ``aaa.tool.started`` event ``<call>:attempt:<n>`` is
         durable before this returns. On ``Refused`` the failure is recorded as the
@@ -140,6 +146,16 @@ class Store(RunRecords, abc.ABC):
         exactly ``outcome.attempt`` attempts; True if recorded. Its result event is
         built from ``call``.
         """
+
+    @abc.abstractmethod
+    def save_checkpoint(self, lease: Lease, checkpoint: str) -> bool:
+        """Keep ``checkpoint`` (``lifecycle.checkpoint_json``) as the call's last checkpoint
+        if ``lease`` still holds the call; True if kept. It outlives the attempt, for the
+        next one to read, and is dropped with the call's record."""
+
+    @abc.abstractmethod
+    def last_checkpoint(self, call_id: str) -> Checkpoint | None:
+        """The call's last checkpoint, if any attempt saved one."""
 
     @abc.abstractmethod
     def now(self) -> float:

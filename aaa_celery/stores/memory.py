@@ -13,6 +13,7 @@ from ..lifecycle import (
     BeginResult,
     CallSpec,
     CallState,
+    Checkpoint,
     Draft,
     Event,
     FinishResult,
@@ -47,16 +48,18 @@ class _Call:
     recovery_attempts: int = 0
     handed_on: int = 0
     handed: int = 0
+    checkpoint: str | None = None
 
     def live(self, now: float) -> bool:
         return self.lease is not None and (self.lease.expires_at or 0) > now
 
     def state(self, now: float) -> CallState:
+        token = self.lease.token if self.lease is not None else ""
         if not self.live(now):
-            return CallState(self.attempts, self.result, handed_on=self.handed_on, handed=self.handed)
+            return CallState(self.attempts, self.result, handed_on=self.handed_on, handed=self.handed, token=token)
         assert self.lease is not None
         return CallState(self.attempts, self.result, True, self.lease.worker, self.lease.expires_at,
-                         self.handed_on, self.handed)
+                         self.handed_on, self.handed, token)
 
 
 @dataclass
@@ -115,11 +118,11 @@ class MemoryStore(MemoryRuns, Store):
         call.spec = merge_spec(call.spec, spec)
         return call
 
-    def begin(self, call: CallSpec, worker: str, config: GuardConfig) -> BeginResult:
+    def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
         with self._lock:
             now = self.now()
             rec = self._call(call)
-            writes = plan_begin(rec.state(now), rec.spec, worker, config, new_token(), now)
+            writes = plan_begin(rec.state(now), rec.spec, worker, config, token or new_token(), now)
             return apply(writes, _Writer(rec, now))
 
     def renew(self, lease: Lease) -> bool:
@@ -157,6 +160,19 @@ class MemoryStore(MemoryRuns, Store):
                 now = self.now()
                 holds = rec.live(now) and rec.lease is not None and rec.lease.token == lease.token
                 apply(plan_hand_on(lease, holds), _Writer(rec, now))
+
+    def save_checkpoint(self, lease: Lease, checkpoint: str) -> bool:
+        with self._lock:
+            rec = self._calls.get(lease.call_id)
+            if rec is None or rec.lease is None or rec.lease.token != lease.token or not rec.live(self.now()):
+                return False
+            rec.checkpoint = checkpoint
+            return True
+
+    def last_checkpoint(self, call_id: str) -> Checkpoint | None:
+        with self._lock:
+            rec = self._calls.get(call_id)
+            return Checkpoint.from_json(rec.checkpoint) if rec is not None and rec.checkpoint else None
 
     def events(self, call_id: str) -> list[Event]:
         with self._lock:

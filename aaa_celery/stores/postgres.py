@@ -253,7 +253,7 @@ class PostgresStore(SQLRuns, SQLStore):
         held = {(r.hi, r.lo) for r in conn.execute(HELD_ADVISORY_LOCKS)}
         return {r.call_id for r in rows if key_halves(lock_key(r.call_id)) in held}
 
-    def begin(self, call: CallSpec, worker: str, config: GuardConfig) -> BeginResult:
+    def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
         key = lock_key(call.call_id)
         got = claimed = False
         with wrap_errors(self.kind, *_DRIVER_ERRORS):
@@ -266,12 +266,12 @@ class PostgresStore(SQLRuns, SQLStore):
                     row, spec = self._lock_call(conn, call, now, _SELECT_BACKEND_PID)
                     if got and row.backend_pid != pid:
                         raise _pooled([pid, row.backend_pid])
-                    token = f"{pid}.{new_token()}"
-                    result = self._begin(conn, row, spec, worker, config, now, not got, token)
+                    lease_token = f"{pid}.{token or new_token()}"
+                    result = self._begin(conn, row, spec, worker, config, now, not got, lease_token)
                 claimed = got and isinstance(result, Claimed)
                 if claimed:
                     with self._held_lock:
-                        self._held[token] = _Held(conn, key)
+                        self._held[lease_token] = _Held(conn, key)
                 return result
             finally:
                 if not claimed:

@@ -77,6 +77,7 @@ from ..lifecycle import (
     Busy,
     CallSpec,
     CallState,
+    Checkpoint,
     Claimed,
     Draft,
     Event,
@@ -102,7 +103,8 @@ from .budgets import EPSILON, check_spend
 from .ops import CallRecord, plan_resolve
 from .runs_redis import RedisRuns
 
-_SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "hand_on", "register", "claim_recovery", "abandon")
+_SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "hand_on", "register", "claim_recovery", "abandon",
+            "checkpoint")
 _CALL_KEYS = ("spec", "attempts", "result", "lease", "events")
 _INDEXES = ("running", "unclaimed")
 _ERRORS = (
@@ -119,6 +121,11 @@ _CONNECT_ERRORS = (*_ERRORS, redis.exceptions.RedisClusterException)
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 #: How many calls' specs a store remembers, to build ``finish``'s events in one round trip.
 _KNOWN_SPECS = 4096
+#: Seconds a command (and a connect) may wait on the server before it fails as
+#: StoreUnavailable: a stalled server must not hang a renewal, a ``finish`` or recovery
+#: for good. Well below the default lease TTL (15 s); the watchdog proves each lease on
+#: its own clock, so a slow renewal costs that call only, never another's heartbeat.
+SOCKET_TIMEOUT_S = 5.0
 #: Round trips an operation may take before a script that keeps asking again is a bug.
 _TRIES = 8
 
@@ -240,6 +247,9 @@ class RedisStore(RedisRuns, Store):
             calls are spread over. The same for every worker of a fleet.
         **kw: passed to :meth:`redis.Redis.from_url` (``socket_timeout``, ...) or
             :meth:`redis.cluster.RedisCluster.from_url` (``startup_nodes``, ...).
+            ``socket_timeout`` and ``socket_connect_timeout`` default to
+            :data:`SOCKET_TIMEOUT_S` (redis-py's own default is no timeout at all); keep
+            them well below the lease TTL (``?socket_timeout=`` in the URL works too).
     """
 
     kind = "redis"
@@ -266,7 +276,8 @@ class RedisStore(RedisRuns, Store):
         cluster_scheme = _CLUSTER_SCHEMES.get(scheme.lower())
         #: True when the URL names a Redis Cluster.
         self.cluster = cluster_scheme is not None
-        options = {**kw, "decode_responses": True}
+        options = {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": SOCKET_TIMEOUT_S,
+                   **kw, "decode_responses": True}
         if cluster_scheme is None:
             self._open(lambda: redis.Redis.from_url(url, **options))
         else:
@@ -328,8 +339,8 @@ class RedisStore(RedisRuns, Store):
             if len(self._specs) > _KNOWN_SPECS:
                 self._specs.popitem(last=False)
 
-    def begin(self, call: CallSpec, worker: str, config: GuardConfig) -> BeginResult:
-        token, ttl_s = new_token(), config.lease_ttl_s
+    def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
+        token, ttl_s = token or new_token(), config.lease_ttl_s
         spec = merge_spec(self._known_spec(call.call_id), call)
         state = CallState()  # a new call: its first delivery is by far the most common begin
         for _ in range(_TRIES):
@@ -404,6 +415,14 @@ class RedisStore(RedisRuns, Store):
     def abandon(self, call: CallSpec, outcome: Outcome) -> bool:
         return bool(self._run("abandon", call.call_id, outcome.attempt, _json(outcome),
                               *_event_args(result_event(call, outcome)), self.retention_s))
+
+    def save_checkpoint(self, lease: Lease, checkpoint: str) -> bool:
+        return bool(self._run("checkpoint", lease.call_id, lease.token, checkpoint))
+
+    def last_checkpoint(self, call_id: str) -> Checkpoint | None:
+        with wrap_errors(self.kind, *_ERRORS):
+            raw = self._redis.hget(self.key(call_id, "spec"), "checkpoint")
+        return Checkpoint.from_json(raw) if raw else None
 
     def events(self, call_id: str) -> list[Event]:
         with wrap_errors(self.kind, *_ERRORS):

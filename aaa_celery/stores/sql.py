@@ -20,6 +20,8 @@ Tables:
 ``aaa_recoveries``
     How often recovery republished a call (``tries``) since its attempt count was
     ``attempts``: a claim counts an attempt, which restarts the count.
+``aaa_checkpoints``
+    The last checkpoint a tool saved for a call (``ctx.checkpoint``), for its next attempt.
 """
 
 from __future__ import annotations
@@ -28,17 +30,19 @@ import abc
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
 from ..config import GuardConfig
+from ..errors import StoreUnavailable
 from ..lifecycle import (
     BeginResult,
     CallSpec,
     CallState,
+    Checkpoint,
     Draft,
     Event,
     FinishResult,
@@ -117,6 +121,14 @@ recoveries = sa.Table(
     sa.Column("call_id", sa.String, primary_key=True),
     sa.Column("attempts", sa.Integer, nullable=False),
     sa.Column("tries", sa.Integer, nullable=False),
+)
+
+checkpoints = sa.Table(
+    "aaa_checkpoints",
+    metadata,
+    sa.Column("call_id", sa.String, primary_key=True),
+    sa.Column("checkpoint", sa.Text, nullable=False),
+    sa.Column("saved_at", sa.Double, nullable=False),
 )
 
 #: ``insert`` of a dialect that has ``on_conflict_do_nothing`` (postgresql, sqlite).
@@ -254,6 +266,24 @@ def hold_recovery(call_id: str, until: float) -> sa.Update:
     return calls.update().where(calls.c.call_id == call_id).values(recovery_until=until)
 
 
+def lease_holds(call_id: str, token: str) -> sa.Select[Any]:
+    """The call's row, locked, if the lease with ``token`` is its lease (live or not: the
+    backend checks that)."""
+    return select_call_for_update(call_id).where(calls.c.lease_token == token)
+
+
+def upsert_checkpoint(insert: Insert, call_id: str, checkpoint: str, now: float) -> sa.Executable:
+    """Keep ``checkpoint`` as the call's last one."""
+    stmt = insert(checkpoints).values(call_id=call_id, checkpoint=checkpoint, saved_at=now)
+    return stmt.on_conflict_do_update(index_elements=["call_id"],
+                                      set_={"checkpoint": checkpoint, "saved_at": now})
+
+
+def select_checkpoint(call_id: str) -> sa.Select[Any]:
+    """The call's last checkpoint."""
+    return sa.select(checkpoints.c.checkpoint).where(checkpoints.c.call_id == call_id)
+
+
 def insert_budget_if_absent(insert: Insert, key: str, window: int) -> sa.Executable:
     """Create a budget's row, empty in ``window``, unless it exists (the row lock's row)."""
     return insert(budgets).values(budget_key=key, window_no=window, total=0.0).on_conflict_do_nothing(
@@ -374,10 +404,11 @@ class SQLStore(Store):
     def _state(self, conn: Connection, row: Row[Any], holder_live: bool) -> CallState:
         """The locked call's state; ``holder_live`` says whether its lease is live."""
         result = self._result(conn, row.call_id)
+        token = row.lease_token or ""
         if not holder_live:
-            return CallState(row.attempts, result, handed_on=row.handed_on, handed=row.handed)
+            return CallState(row.attempts, result, handed_on=row.handed_on, handed=row.handed, token=token)
         return CallState(row.attempts, result, True, row.lease_worker or "", row.lease_expires_at,
-                         row.handed_on, row.handed)
+                         row.handed_on, row.handed, token)
 
     def _begin(
         self,
@@ -393,12 +424,20 @@ class SQLStore(Store):
         """Decide a delivery of the locked call and write the decision; a claim's
         lease gets ``token`` (and an expiry if the backend's leases have a TTL)."""
         state = self._state(conn, row, holder_live)
+        if holder_live and not self.ttl_leases:
+            # A session-bound lease held by another session is that session's, even if it is
+            # this claim's own (a lost reply whose session lives on): wait for it to end.
+            state = replace(state, token="")
         writes = plan_begin(state, spec, worker, config, token, now if self.ttl_leases else None)
         return apply(writes, _Writer(self.insert, conn, row.call_id, now))
 
     # The Store interface.
 
     def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
+        """Record the outcome (see :meth:`Store.finish`). What the backend holds for the
+        lease (PostgreSQL: the lock) is kept when the store cannot be reached, so that the
+        lease lives on while the caller retries; it is freed once the result is written
+        (or refused), and by :meth:`release` when the caller gives up."""
         try:
             with self._write() as conn:
                 now = self.now()
@@ -407,9 +446,14 @@ class SQLStore(Store):
                 # it is current and the decision still holds when written: the insert of an
                 # accepted result cannot meet another result.
                 writes = plan_finish(self._state(conn, row, False), spec, lease, outcome, config)
-                return apply(writes, _Writer(self.insert, conn, lease.call_id, now))
-        finally:
+                result = apply(writes, _Writer(self.insert, conn, lease.call_id, now))
+        except StoreUnavailable:
+            raise
+        except BaseException:
             self._let_go(lease)
+            raise
+        self._let_go(lease)
+        return result
 
     def release(self, lease: Lease) -> None:
         try:
@@ -437,6 +481,20 @@ class SQLStore(Store):
                 apply(writes, _Writer(self.insert, conn, lease.call_id, now))
         finally:
             self._let_go(lease)
+
+    def save_checkpoint(self, lease: Lease, checkpoint: str) -> bool:
+        with self._write() as conn:
+            row = conn.execute(lease_holds(lease.call_id, lease.token)).one_or_none()
+            now = self.now()
+            if row is None or row.call_id not in self._live([row], now, conn):
+                return False
+            conn.execute(upsert_checkpoint(self.insert, lease.call_id, checkpoint, now))
+            return True
+
+    def last_checkpoint(self, call_id: str) -> Checkpoint | None:
+        with self._read() as conn:
+            raw = conn.execute(select_checkpoint(call_id)).scalar_one_or_none()
+        return Checkpoint.from_json(raw) if raw else None
 
     def events(self, call_id: str) -> list[Event]:
         with self._read() as conn:

@@ -98,12 +98,12 @@ class SQLiteStore(SQLRuns, SQLStore):
     def _live(self, rows: Sequence[Row[Any]], now: float, conn: Connection) -> set[str]:
         return {r.call_id for r in rows if r.lease_token is not None and (r.lease_expires_at or 0) > now}
 
-    def begin(self, call: CallSpec, worker: str, config: GuardConfig) -> BeginResult:
+    def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
         with self._write() as conn:
             now = self.now()
             row, spec = self._lock_call(conn, call, now)
             live = bool(self._live([row], now, conn))
-            return self._begin(conn, row, spec, worker, config, now, live, new_token())
+            return self._begin(conn, row, spec, worker, config, now, live, token or new_token())
 
     def renew(self, lease: Lease) -> bool:
         with self._write() as conn:

@@ -266,8 +266,8 @@ class MeteredStore(Store):
         with self._beats_lock:
             self._beats.pop(lease.token, None)
 
-    def begin(self, call: CallSpec, worker: str, config: GuardConfig) -> BeginResult:
-        got = self._timed("begin", self.inner.begin, call, worker, config)
+    def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
+        got = self._timed("begin", self.inner.begin, call, worker, config, token)
         if isinstance(got, Claimed):
             with self._beats_lock:
                 self._beats[got.lease.token] = (time.monotonic(), config.heartbeat_period_s)

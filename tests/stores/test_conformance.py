@@ -28,11 +28,13 @@ from aaa_celery.lifecycle import (
     Accepted,
     Busy,
     CallSpec,
+    Checkpoint,
     Claimed,
     Finished,
     Outcome,
     Refused,
     Stale,
+    checkpoint_json,
 )
 
 SHORT_TTL_S = 0.3
@@ -122,6 +124,83 @@ def test_begin_while_held_is_busy_and_records_nothing(store_factory):
     if a.ttl_leases:
         assert got.expires_at is not None and got.expires_at > b.now()
     assert started_attempts(b, call.call_id) == [1]
+
+
+def test_a_retried_begin_whose_reply_was_lost_claims_the_same_attempt_again(store_factory, lose_lease):
+    """Issue 13, item 2 (reproduces on 4a34578: the retry was Busy, its own orphaned claim).
+
+    A ``begin`` whose write landed but whose reply was lost is retried with the same token:
+    it claims that attempt again, live (a TTL lease) or after its session died (PostgreSQL),
+    and no attempt is wasted, under at_most_once too."""
+    # Given worker A's begin with token T landed, but A never heard the reply
+    a, b = store_factory(), store_factory()
+    call, cfg = new_call(), config(delivery=Delivery.AT_MOST_ONCE)
+    first = claim(a, call, "worker-a", cfg)  # stands for the write that landed
+    token = first.lease.token.rpartition(".")[2]
+    if not a.ttl_leases:
+        lose_lease(a, first.lease)  # the reply was lost with the connection, and its session died
+
+    # When A's begin is retried with T (on another connection)
+    again = b.begin(call, "worker-a", cfg, token=token)
+
+    # Then it claims attempt 1 again: one started event, no attempt 2, no refusal
+    assert isinstance(again, Claimed), again
+    assert again.attempt == 1
+    assert started_attempts(b, call.call_id) == [1]
+    # And another delivery (another token) is busy, not a second claim
+    assert isinstance(store_factory().begin(call, "worker-c", cfg), Busy)
+    # And the reclaimed lease records the one result
+    assert isinstance(b.finish(again.lease, Outcome.success({"ok": 1}), cfg), Accepted)
+    assert b.result(call.call_id).attempt == 1
+
+
+def test_a_retried_begin_after_its_lease_lapsed_is_not_refused_under_at_most_once(store_factory, lose_lease):
+    """Issue 13, item 2 (reproduces on 4a34578: OutcomeUnknown for a body that never ran)."""
+    # Given A's claim with token T landed, its reply was lost, and its lease lapsed
+    a, b = store_factory(), store_factory()
+    call = new_call()
+    cfg = config(delivery=Delivery.AT_MOST_ONCE, lease_ttl_s=SHORT_TTL_S)
+    first = claim(a, call, "worker-a", cfg)
+    lose_lease(a, first.lease)
+
+    # When the begin is retried with T
+    again = b.begin(call, "worker-a", cfg, token=first.lease.token.rpartition(".")[2])
+
+    # Then attempt 1 is claimed again; only another token would have been refused
+    assert isinstance(again, Claimed) and again.attempt == 1, again
+    assert started_attempts(b, call.call_id) == [1]
+    assert b.result(call.call_id) is None
+
+
+def test_a_token_let_go_by_its_holder_claims_nothing_again(store_factory):
+    # Given A claimed with token T and released the call (the attempt counts as lost)
+    a = store_factory()
+    call, cfg = new_call(), config(max_attempts=2)
+    first = claim(a, call, "worker-a", cfg)
+    a.release(first.lease)
+
+    # When a begin with T comes again, it is an ordinary delivery: attempt 2
+    again = a.begin(call, "worker-a", cfg, token=first.lease.token.rpartition(".")[2])
+    assert isinstance(again, Claimed) and again.attempt == 2, again
+
+
+def test_a_checkpoint_is_kept_for_the_next_attempt_and_only_its_holder_writes_it(store_factory, lose_lease):
+    """Issue 13, item 5: ``ctx.checkpoint`` is a store op, fenced by the lease."""
+    a, b = store_factory(), store_factory()
+    call, cfg = new_call(), config(lease_ttl_s=SHORT_TTL_S)
+    assert a.last_checkpoint(call.call_id) is None
+    # Given attempt 1 saves its progress twice (the later one wins)
+    old = claim(a, call, "worker-a", cfg).lease
+    assert a.save_checkpoint(old, checkpoint_json(1, {"page": 3}))
+    assert a.save_checkpoint(old, checkpoint_json(1, {"page": 4, "seen": ["x"]}))
+    # When attempt 1 loses its lease and attempt 2 takes over
+    lose_lease(a, old)
+    new = claim(b, call, "worker-b", cfg.model_copy(update={"lease_ttl_s": LONG_TTL_S})).lease
+    # Then attempt 2 reads attempt 1's last checkpoint, and the stale attempt can no longer write one
+    assert b.last_checkpoint(call.call_id) == Checkpoint(1, {"page": 4, "seen": ["x"]})
+    assert not a.save_checkpoint(old, checkpoint_json(1, {"page": 99}))
+    assert b.save_checkpoint(new, checkpoint_json(2, {"page": 5}))
+    assert a.last_checkpoint(call.call_id) == Checkpoint(2, {"page": 5})
 
 
 def test_lost_lease_is_taken_over_as_attempt_2(store_factory, lose_lease):

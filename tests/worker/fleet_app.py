@@ -19,6 +19,8 @@ Configured from environment variables, so one module serves every scenario
   every process (the app's module and each pool child pin a store object of their own).
 - ``AAA_FLEET_RECOVERY_S``: ``aaa_recovery_interval_s`` (default 1).
 - ``AAA_FLEET_ENABLED``: ``0`` turns the guard off for every task.
+- ``AAA_FLEET_FENCE_DB``: SQLAlchemy URL of the database ``fleet.fenced_write`` writes to
+  through :class:`aaa_celery.fencing.SQLFence`.
 
 Each body appends ``start`` to the ledger when it begins, and the long ones
 ``after`` on the line after their sleep, so a test sees runs the guard cut short.
@@ -109,6 +111,37 @@ def make_app(env: Mapping[str, str]) -> Celery:
     app.task(base=GuardedTask, name="fleet.long_finish", guard={"on_lost_lease": "finish", "fence_results": True})(long)
     # timeout_s bounds the body: a body that sleeps past it becomes a failed ToolTimeout result
     app.task(base=GuardedTask, name="fleet.long_timeout", timeout_s=1.0)(long)
+
+    def fenced_write(seconds: float, ctx: ToolContext) -> dict[str, Any]:
+        """Sleep, then write the attempt number through the SQL fence (table ``effects``);
+        the ledger's ``after`` entry says whether the database took the write."""
+        import sqlalchemy as sa
+
+        from aaa_celery.fencing import SQLFence, StaleFence
+
+        record("start", ctx)
+        time.sleep(seconds)
+        engine = sa.create_engine(env["AAA_FLEET_FENCE_DB"])
+        fence, meta = SQLFence(), sa.MetaData()
+        effects = sa.Table("effects", meta, sa.Column("key", sa.String, primary_key=True),
+                           sa.Column("attempt", sa.Integer))
+        fence.create(engine)
+        meta.create_all(engine)
+        try:
+            with engine.begin() as conn:
+                fence.check(conn, ctx.idempotency_key, ctx.fence)
+                conn.execute(effects.delete().where(effects.c.key == ctx.idempotency_key))
+                conn.execute(effects.insert().values(key=ctx.idempotency_key, attempt=ctx.attempt))
+        except StaleFence:
+            record("after", ctx, outcome="rejected")
+            raise
+        finally:
+            engine.dispose()
+        record("after", ctx, outcome="written")
+        return {"attempt": ctx.attempt}
+
+    # on_lost_lease=finish: a thawed stale attempt surely reaches its write
+    app.task(base=GuardedTask, name="fleet.fenced_write", guard={"on_lost_lease": "finish"})(fenced_write)
 
     @app.task(base=GuardedTask, name="fleet.poison")
     def poison(ctx: ToolContext) -> None:

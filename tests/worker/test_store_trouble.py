@@ -14,7 +14,7 @@ import time
 import pytest
 import redis
 
-from aaa_celery.lifecycle import STARTED
+from aaa_celery.lifecycle import COMPLETED, STARTED
 
 from .test_fleet_faults import started, types
 from .test_fleet_results import store_server  # noqa: F401 - a fixture
@@ -45,3 +45,38 @@ def test_a_read_only_store_cancels_the_body_instead_of_letting_it_overlap_attemp
     # one result, attempt 2's; attempt 1 left none (its fenced audit may not have been writable)
     assert types(f.store, result.id).count(STARTED) == 2
     assert f.store.result(result.id).attempt == 2
+
+
+def test_store_paused_through_finish_longer_than_the_lease_gives_one_result_and_no_attempt_2(
+    fleet, store_server, redis_url  # noqa: F811
+):
+    """Issue 13, item 1: the lease lives until the result is durable.
+
+    Redis (the store) is paused (``CLIENT PAUSE``, from a second connection) from just before
+    the body returns until well past the lease TTL and past the store's socket timeout, so
+    ``finish`` and the renewals time out and are retried. When the store answers again the
+    result is recorded: one result, attempt 1's, and no attempt 2 ever starts, though the
+    other worker's recovery sweep runs every second.
+
+    This passes on 4a34578 too: with no socket timeout, its ``finish`` simply waited out the
+    pause and ran first when Redis resumed. It guards the socket timeouts added since (a
+    timed-out ``finish`` is retried at once, under a lease still renewed); the lapse itself
+    is reproduced by tests/guard/test_lease_lifetime.py.
+    """
+    f = fleet(TTL=TTL, STORE=store_server.url, LEDGER=redis_url)
+    body_s = 3.0
+    result = f.client.tasks["fleet.long"].delay(body_s)
+    first = started(f, result.id)[0]
+    time.sleep(max(0.0, first["at"] + body_s - 0.4 - time.time()))
+    admin = redis.Redis.from_url(store_server.url)
+    try:
+        admin.execute_command("CLIENT", "PAUSE", int((3 * TTL + 1.5) * 1000), "ALL")
+        value = result.get(timeout=60)
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+        admin.close()
+    assert value["attempt"] == 1
+    time.sleep(3 * TTL)  # room for a wrong attempt 2 to show
+    assert len(f.ledger.entries(result.id, "start")) == 1, f.ledger.entries(result.id, "start")
+    assert types(f.store, result.id) == [STARTED, COMPLETED]
+    assert f.store.result(result.id).attempt == 1

@@ -5,7 +5,9 @@
 -- only and runs on Redis Cluster. Written <t> = <p>:{<p>:<shard>} below:
 --   KEYS[1] <t>:<call>:spec      hash: json (CallSpec), name, ikey, req (lifecycle.spec_rank),
 --                                handed_on (the attempt that last handed the call on, if any),
---                                handed (how many attempts did)
+--                                handed (how many attempts did), token (of the last claim,
+--                                until its holder lets it go: lifecycle.CallState.token),
+--                                checkpoint (a tool's last one: lifecycle.Checkpoint JSON)
 --   KEYS[2] <t>:<call>:attempts  integer: the last attempt number, the fencing token
 --   KEYS[3] <t>:<call>:result    string: the one Outcome JSON
 --   KEYS[4] <t>:<call>:lease     hash with a PX TTL: token, worker, attempt
@@ -45,9 +47,18 @@ local function holds(token)
   return redis.call('HGET', LEASE, 'token') == token
 end
 
+-- The holder of the claim `token` lets it go, live or lapsed: a begin with that token no
+-- longer claims again (lifecycle.CallState.token).
+local function forget(token)
+  if redis.call('HGET', SPEC, 'token') == token then
+    redis.call('HDEL', SPEC, 'token')
+  end
+end
+
 -- Free the lease; the call stays in the running index, lapsed for any `now`.
 local function drop_lease()
   redis.call('DEL', LEASE)
+  redis.call('HDEL', SPEC, 'token')
   redis.call('ZADD', RUNNING, 'XX', 0, CALL)
 end
 

@@ -4,7 +4,8 @@
 -- ARGV[1] call id
 -- ARGV[2] the delivered CallSpec JSON    ARGV[3] its name    ARGV[4] its idempotency key
 -- ARGV[5] its lifecycle.spec_rank (the spec is kept as lifecycle.merge_spec says)
--- ARGV[6] worker      ARGV[7] new lease token      ARGV[8] lease TTL (ms)
+-- ARGV[6] worker      ARGV[7] the claim's lease token (a retried begin sends the same one:
+--   if it made the last claim, that attempt is claimed again)      ARGV[8] lease TTL (ms)
 -- ARGV[9] retention of a finished call's keys (s)
 -- ARGV[10], ARGV[11] name and idempotency key of the spec the events below were built for
 -- ARGV[12] from this many attempts on, the call is refused: lifecycle.decide_begin's verdict
@@ -15,7 +16,7 @@
 --     (lifecycle.started_event);
 --   else: ARGV[16] the refusal Outcome JSON (lifecycle.refusal), ARGV[17], ARGV[18] id
 --     and JSON of its result event (lifecycle.result_event).
--- Touches: spec (created or upgraded), and on a claim attempts, lease, events, running,
+-- Touches: spec (created or upgraded; its token on a claim), and on a claim attempts, lease, events, running,
 -- unclaimed, recovery (deleted); on a refusal result, lease, events, running, unclaimed and the TTLs.
 -- Returns {"finished", outcome JSON} | {"busy", worker, expires ms} | {"refused"} |
 --         {"claimed", attempt, expires ms}, or, having written nothing but the spec:
@@ -29,6 +30,22 @@ ensure_spec(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 local result = redis.call('GET', RESULT)
 if result then
   return {'finished', result}
+end
+local expires = now + tonumber(ARGV[8])
+local function lease(attempt)
+  redis.call('HSET', LEASE, 'token', ARGV[7], 'worker', ARGV[6], 'attempt', attempt)
+  redis.call('PEXPIRE', LEASE, ARGV[8])
+  redis.call('HSET', SPEC, 'token', ARGV[7])
+  redis.call('ZREM', UNCLAIMED, CALL)
+  redis.call('ZADD', RUNNING, expires, CALL)
+  redis.call('DEL', RECOVERY)  -- claimed: a later crash may be recovered at once
+end
+if redis.call('HGET', SPEC, 'token') == ARGV[7] then
+  -- This token made the last claim (a retried begin whose reply was lost): the same
+  -- attempt again, live or lapsed; its started event was written with that claim.
+  local attempt = tonumber(redis.call('GET', ATTEMPTS))
+  lease(attempt)
+  return {'claimed', attempt, expires}
 end
 if redis.call('EXISTS', LEASE) == 1 then
   return {'busy', redis.call('HGET', LEASE, 'worker'), now + redis.call('PTTL', LEASE)}
@@ -50,12 +67,7 @@ if attempts >= tonumber(ARGV[12]) then
 end
 
 local attempt = attempts + 1
-local expires = now + tonumber(ARGV[8])
 redis.call('SET', ATTEMPTS, attempt)
-redis.call('HSET', LEASE, 'token', ARGV[7], 'worker', ARGV[6], 'attempt', attempt)
-redis.call('PEXPIRE', LEASE, ARGV[8])
-redis.call('ZREM', UNCLAIMED, CALL)
-redis.call('ZADD', RUNNING, expires, CALL)
-redis.call('DEL', RECOVERY)  -- claimed: a later crash may be recovered at once
+lease(attempt)
 push_event(ARGV[16], ARGV[17], at)
 return {'claimed', attempt, expires}

@@ -11,6 +11,7 @@ if redis.call('EXISTS', SPEC) == 0 then
 end
 local _, at = clock()
 push_event(ARGV[3], ARGV[4], at)
+forget(ARGV[2])
 if holds(ARGV[2]) then
   drop_lease()
 end

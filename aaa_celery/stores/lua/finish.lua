@@ -42,6 +42,7 @@ if not ARGV[12] then
   return {'stale_event'}
 end
 push_event(ARGV[11], ARGV[12], at)
+forget(ARGV[2])
 if holds(ARGV[2]) then
   drop_lease()
 end

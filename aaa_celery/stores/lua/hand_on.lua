@@ -17,6 +17,7 @@ push_event(ARGV[4], ARGV[5], at)
 if holds(ARGV[2]) then
   redis.call('HSET', SPEC, 'handed_on', ARGV[3])
   redis.call('HINCRBY', SPEC, 'handed', 1)
+  redis.call('HDEL', SPEC, 'token')
   redis.call('DEL', LEASE)
   redis.call('ZREM', RUNNING, CALL)
   redis.call('ZADD', UNCLAIMED, now, CALL)

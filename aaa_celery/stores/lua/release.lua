@@ -6,6 +6,7 @@
 -- Touches: lease (deleted) and running (lapsed), only if this token holds the call.
 -- Returns 1 if the lease was freed, else 0.
 
+forget(ARGV[2])
 if not holds(ARGV[2]) then
   return 0
 end

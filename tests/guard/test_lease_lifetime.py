@@ -1,0 +1,174 @@
+"""The lease lives until the result is durable (issue 13, item 1), on the guard core.
+
+These tests run :class:`~aaa_celery.guard.GuardRunner` over real stores. Faults are injected
+at the store's edge (a ``finish`` or ``renew`` that fails, or a renewal that stalls), the
+way a store outage reaches the guard; the guard itself is never replaced.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from aaa_celery.config import GuardConfig
+from aaa_celery.errors import StoreUnavailable, ToolTimeout
+from aaa_celery.guard import GuardRunner, Watchdog
+from aaa_celery.lifecycle import Busy, CallSpec, Claimed, Lease
+from aaa_celery.stores.memory import MemoryStore
+from aaa_celery.stores.redis import RedisStore
+
+from ..stores.test_conformance import new_call
+
+
+class FlakyFinish(MemoryStore):
+    """A memory store whose ``finish`` is unreachable until ``down_until`` (monotonic)."""
+
+    down_until = 0.0
+    renewals_while_down = 0
+
+    def finish(self, lease, outcome, config):  # type: ignore[no-untyped-def]
+        if time.monotonic() < self.down_until:
+            raise StoreUnavailable("memory store unavailable (injected)")
+        return super().finish(lease, outcome, config)
+
+    def renew(self, lease):  # type: ignore[no-untyped-def]
+        if time.monotonic() < self.down_until:
+            self.renewals_while_down += 1
+        return super().renew(lease)
+
+
+def test_renewals_go_on_while_finish_is_retried_so_no_other_worker_claims_meanwhile() -> None:
+    """Reproduces on 4a34578: the heartbeat stopped with the body, so a ``finish`` retried for
+    longer than the TTL let the lease lapse, and another delivery claimed attempt 2."""
+    store = FlakyFinish()
+    cfg = GuardConfig(lease_ttl_s=0.6)  # heartbeat every 0.2 s
+    runner = GuardRunner(store, cfg)
+    call = new_call()
+    seen: list[object] = []
+
+    def body(attempt: int) -> dict[str, int]:
+        store.down_until = time.monotonic() + 3 * cfg.lease_ttl_s  # finish fails for 3 TTLs
+        return {"attempt": attempt}
+
+    def other_worker() -> None:
+        time.sleep(2 * cfg.lease_ttl_s)  # the TTL has run out twice since the body ended
+        seen.append(store.begin(call, "worker-b", cfg))
+
+    t = threading.Thread(target=other_worker)
+    t.start()
+    assert runner.run(call, "worker-a", body) == {"attempt": 1}
+    t.join(10)
+    assert isinstance(seen[0], Busy), seen  # worker-a still held the call while it recorded
+    assert store.renewals_while_down >= 3
+    assert store.result(call.call_id).attempt == 1
+
+
+def test_timeout_holds_under_on_lost_lease_finish() -> None:
+    """Reproduces on 4a34578: with ``on_lost_lease=finish`` a lost lease stopped the watchdog,
+    timeout included, so a body with ``timeout_s=1`` ran on for as long as it liked."""
+    now = [1000.0]
+    store = MemoryStore(clock=lambda: now[0])
+    cfg = GuardConfig(lease_ttl_s=0.3, on_lost_lease="finish")
+    runner = GuardRunner(store, cfg, timeout_s=1.0)
+    call = new_call()
+
+    def body(attempt: int) -> None:
+        now[0] += 10  # the store's clock jumps: the lease has lapsed, the next renewal fails
+        for _ in range(400):
+            time.sleep(0.01)
+
+    t0 = time.monotonic()
+    with pytest.raises(ToolTimeout):
+        runner.run(call, "worker-a", body)
+    assert time.monotonic() - t0 < 3.0  # not the body's 4 s
+
+
+class StallingRenew(MemoryStore):
+    """A memory store whose renewals of one call hang for ``stall_s`` (a stalled shard)."""
+
+    def __init__(self, stalled: str, stall_s: float) -> None:
+        super().__init__()
+        self.stalled, self.stall_s = stalled, stall_s
+        self.renewed: dict[str, list[float]] = {}
+
+    def renew(self, lease):  # type: ignore[no-untyped-def]
+        self.renewed.setdefault(lease.call_id, []).append(time.monotonic())
+        if lease.call_id == self.stalled:
+            time.sleep(self.stall_s)
+        return super().renew(lease)
+
+
+def test_a_stalled_renewal_starves_no_other_call_and_its_own_call_is_cancelled_at_its_deadline() -> None:
+    """Reproduces on 4a34578: one watchdog thread renewed every call in turn, so one renewal
+    that hung delayed every other call's heartbeat (and its own call was never cancelled)."""
+    slow, fast = new_call(), new_call()
+    store = StallingRenew(slow.call_id, stall_s=3.0)
+    cfg = GuardConfig(lease_ttl_s=0.6)
+    out: dict[str, object] = {}
+
+    def run(call: CallSpec) -> None:
+        lease = store.begin(call, f"w-{call.call_id}", cfg)
+        assert isinstance(lease, Claimed)
+        dog = Watchdog(store, lease.lease, cfg, None)
+        t0 = time.monotonic()
+        try:
+            dog.run(lambda: [time.sleep(0.01) for _ in range(200)])
+            out[call.call_id] = ("done", time.monotonic() - t0)
+        except BaseException as e:  # noqa: BLE001 - the cancel is what we look for
+            out[call.call_id] = (type(e).__name__, time.monotonic() - t0)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in (slow, fast)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    # the fast call kept its heartbeat every ~0.2 s while the other's renewal hung
+    beats = store.renewed[fast.call_id]
+    assert len(beats) >= 5 and max(b - a for a, b in zip(beats, beats[1:])) < 1.0, beats
+    assert out[fast.call_id][0] == "done"
+    # the stalled call could not prove its lease: cancelled near its deadline, not after the stall
+    kind, took = out[slow.call_id]
+    assert kind == "LeaseCancelled" and took < 2.0, out
+
+
+@pytest.mark.redis
+def test_a_read_only_blip_shorter_than_the_lease_keeps_the_call(redis_url: str) -> None:
+    """A ``READONLY`` error in renewals (a failover in progress) is store trouble: retried
+    within the lease, it never cancels a call whose store answers again in time."""
+    store = RedisStore(redis_url)
+    cfg = GuardConfig(lease_ttl_s=3.0)  # heartbeat every 1 s
+    admin = redis.Redis.from_url(redis_url)
+    call = new_call()
+
+    def body(attempt: int) -> int:
+        admin.execute_command("REPLICAOF", "127.0.0.1", "1")  # every write is READONLY now
+        try:
+            time.sleep(1.5)  # a renewal or two fail
+        finally:
+            admin.execute_command("REPLICAOF", "NO", "ONE")
+        time.sleep(1.5)
+        return attempt
+
+    try:
+        assert GuardRunner(store, cfg).run(call, "worker-a", body) == 1
+        assert store.result(call.call_id).attempt == 1
+    finally:
+        admin.execute_command("REPLICAOF", "NO", "ONE")
+        admin.close()
+        store.close()
+
+
+def test_lease_remaining_tracks_the_last_proved_renewal() -> None:
+    store = MemoryStore()
+    cfg = GuardConfig(lease_ttl_s=0.6)
+    claimed = store.begin(new_call(), "w", cfg)
+    assert isinstance(claimed, Claimed)
+    dog = Watchdog(store, claimed.lease, cfg, None)
+    seen: list[float] = []
+    dog.run(lambda: [seen.append(dog.lease_remaining_s()) or time.sleep(0.1) for _ in range(10)])
+    assert all(0 < s <= 0.6 for s in seen) and min(seen) > 0.2, seen  # renewed all along
+    assert Watchdog(None, None, cfg, None).lease_remaining_s() == float("inf")
+    assert isinstance(claimed.lease, Lease)
