@@ -101,6 +101,7 @@ class RunHandle:
         self._seq0 = 0  # events already stored before this process drove the run (a resume)
         self._approvals: dict[str, PendingApproval] = {}
         self._decided: dict[str, tuple[str, str]] = {}  # call id -> (state, reason) of a decided request
+        self._shown: set[str] = set()  # call ids whose open request is in the store (decidable anywhere)
         self._prior: dict[str, dict[str, Any]] = {}  # a resumed run's requests for approval, by call id
         self._turns = 0
         self._llm_turns = 0
@@ -203,7 +204,8 @@ class RunHandle:
             assert self._record is not None
             return [stored_approval(a) for a in self._record.approvals.values() if a.get("state") == "open"
                     and a.get("expires_at", 0) > time.time()]
-        return [p for p in list(self._approvals.values()) if not p.decided]
+        # a request is shown once any process can decide it: once it is in the store
+        return [p for p in list(self._approvals.values()) if not p.decided and p.call_id in self._shown]
 
     @property
     def cursor(self) -> tuple[float, str]:
@@ -212,7 +214,7 @@ class RunHandle:
 
     def _record_now(self, status: str | None = None, outcome: RunOutcome | None = None) -> RunRecord:
         if status is None:
-            status = "waiting" if self.pending_approvals() else "running"
+            status = "waiting" if any(not p.decided for p in list(self._approvals.values())) else "running"
         approvals = dict(self._prior)
         for call_id, p in self._approvals.items():
             state, reason = self._decided.get(call_id, ("open", ""))
@@ -434,6 +436,7 @@ class RunHandle:
         self._touch()
         if self._writer is not None:
             await self._writer.drain()  # decidable from any process once this returns
+        self._shown.add(call_id)
         granted, reason = await self._wait_decision(pending, future)
         if granted is None:
             return None, (f"nobody approved the call within {self.engine.approval_ttl_s:g} s; it was not sent. "

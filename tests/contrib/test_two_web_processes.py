@@ -1,5 +1,8 @@
 """Two web processes share runs and approvals through one Redis store (issue 15's acceptance).
 
+(The Django case: Django's test client, in this process, decides a run that Flask process A
+drives: :func:`test_django_approves_a_run_that_another_process_drives`.)
+
 Each web process is a real Flask app under werkzeug's WSGI server on its own port
 (``tests/contrib/two_web_app.py``), both on one Redis (broker, result backend, store) and one
 ``celery worker``. A run started on A waits for a person; a person approves it on B, in headless
@@ -164,3 +167,58 @@ def test_two_flask_processes_share_runs_approvals_and_resume(fleet: dict[str, An
     # B's page shows the run resumed
     browser.get(f"{b.url}/runs/{run_id}")
     until(ec.text_to_be_present_in_element((By.ID, "status"), "completed (resumed 1x)"))
+
+
+@pytest.fixture
+def django_client() -> Iterator[Any]:
+    """Django's test client on the example project (this process), its AAA_CELERY set to drive
+    the same fleet and store as the Flask processes."""
+    pytest.importorskip("django")
+    from .test_django import EXAMPLE
+
+    import django
+
+    sys.path.insert(0, str(EXAMPLE))
+    before = os.environ.get("DJANGO_SETTINGS_MODULE")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "proj.settings"
+    django.setup()
+    if before is None:
+        del os.environ["DJANGO_SETTINGS_MODULE"]
+    else:
+        os.environ["DJANGO_SETTINGS_MODULE"] = before
+    from django.test import Client, override_settings
+
+    from aaa_celery.contrib.django import close_runs
+
+    from . import two_web_app as app
+
+    close_runs()
+    settings = {"APP": app.app, "TOOLS": app.new_handler(), "LLM": app.llm, "ALLOW_ANONYMOUS": True}
+    try:
+        with override_settings(AAA_CELERY=settings):
+            yield Client()
+            close_runs()
+    finally:
+        close_runs()
+        sys.path.remove(str(EXAMPLE))
+
+
+def test_django_approves_a_run_that_another_process_drives(env, fleet: dict[str, Any], request):
+    """Django (its test client, in this process) lists and approves a run that web process A drives."""
+    os.environ["AAA_TWO_WEB_REDIS"] = env["AAA_TWO_WEB_REDIS"]
+    client = request.getfixturevalue("django_client")
+    a = fleet["a"]
+    run_id = a.post("/runs", {"task": "refund A-300", "tenant": "acme"})["run_id"]
+    [pending] = wait(lambda: client.get("/aaa/approvals").json()["approvals"], "Django lists A's approval")
+    assert (pending["run_id"], pending["arguments"]) == (run_id, {"order": "A-300", "amount": 30})
+    seen = client.get(f"/aaa/runs/{run_id}/events").json()
+    assert seen["status"] == "waiting" and seen["resumed"] == 0
+    r = client.post(f"/aaa/runs/{run_id}/approvals/{pending['call_id']}",
+                    {"decision": "approve", "digest": pending["digest"]}, content_type="application/json")
+    assert r.status_code == 200, r.content
+    done = wait(lambda: (x := a.get(f"/runs/{run_id}/events"))["status"] == "completed" and x, "A ends the run")
+    assert done["result"]["value"]["text"] == "order A-300: paid 30 EUR | refunded 30 EUR on A-300"
+    assert client.get(f"/aaa/runs/{run_id}/events").json()["status"] == "completed"
+    r = client.post(f"/aaa/runs/{run_id}/approvals/{pending['call_id']}",
+                    {"decision": "approve", "digest": pending["digest"]}, content_type="application/json")
+    assert r.status_code in (404, 409), r.content  # decided once
