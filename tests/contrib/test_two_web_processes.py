@@ -88,9 +88,19 @@ def wait(check: Any, what: str, timeout_s: float = 60) -> Any:
 
 
 @pytest.fixture
-def env(redis_url: str) -> dict[str, str]:
+def env(redis_url: str, monkeypatch) -> dict[str, str]:
+    monkeypatch.setenv("AAA_TWO_WEB_REDIS", redis_url)  # this process reads the ledger there too
     return {**os.environ, "AAA_TWO_WEB_REDIS": redis_url, "AAA_TWO_WEB_LONG_S": "6",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+def fleet_app() -> Any:
+    """``two_web_app`` with its Celery app on this test's Redis (made on first use)."""
+    from . import two_web_app
+
+    if two_web_app.app is None:
+        two_web_app.app = two_web_app.make_app(os.environ[two_web_app.ENV])
+    return two_web_app
 
 
 @pytest.fixture
@@ -118,9 +128,7 @@ def test_two_flask_processes_share_runs_approvals_and_resume(fleet: dict[str, An
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from . import two_web_app as app
-
-    os.environ["AAA_TWO_WEB_REDIS"] = env["AAA_TWO_WEB_REDIS"]
+    app = fleet_app()
     a, b = fleet["a"], fleet["b"]
     until = WebDriverWait(browser, TIMEOUT_S, poll_frequency=0.1,
                           ignored_exceptions=[StaleElementReferenceException]).until
@@ -190,8 +198,7 @@ def django_client() -> Iterator[Any]:
 
     from aaa_celery.contrib.django import close_runs
 
-    from . import two_web_app as app
-
+    app = fleet_app()
     close_runs()
     settings = {"APP": app.app, "TOOLS": app.new_handler(), "LLM": app.llm, "ALLOW_ANONYMOUS": True}
     try:
@@ -205,7 +212,6 @@ def django_client() -> Iterator[Any]:
 
 def test_django_approves_a_run_that_another_process_drives(env, fleet: dict[str, Any], request):
     """Django (its test client, in this process) lists and approves a run that web process A drives."""
-    os.environ["AAA_TWO_WEB_REDIS"] = env["AAA_TWO_WEB_REDIS"]
     client = request.getfixturevalue("django_client")
     a = fleet["a"]
     run_id = a.post("/runs", {"task": "refund A-300", "tenant": "acme"})["run_id"]
