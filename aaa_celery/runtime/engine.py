@@ -58,8 +58,8 @@ from .runstate import (
 
 if TYPE_CHECKING:
     from ..lifecycle import Event, Outcome
-    from .runstate import RunRecord
     from ..stores import Store
+    from .runstate import RunRecord
     from .sync import SyncEngine
 
 

@@ -25,11 +25,11 @@ from .approvals import (
 )
 from .results import ToolFact, failed
 from .runstate import (
+    RunRecord,
     RunWriter,
     fact_from_outcome,
     off_loop,
     response_from_dict,
-    RunRecord,
     response_to_dict,
     run_key,
     stored_approval,
@@ -509,7 +509,7 @@ class RunHandle:
                 value = await algo.run(self, input)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - the algorithm's failure is the run's outcome
                 self.emit("aaa.run.failed", {"error": type(e).__name__, "message": str(e)})
                 outcome = RunOutcome(self.run_id, "failed", error=f"{type(e).__name__}: {e}")
             else:

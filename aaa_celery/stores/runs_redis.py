@@ -127,11 +127,12 @@ class RedisRuns(RunRecords):
         """A shard index's entries older than ``before``, newest first, a page at a time."""
         top, offset = ("+inf" if before is None else repr(before[0])), 0
         while True:
-            page = self._pipe(lambda pipe: pipe.zrevrangebyscore(key, top, "-inf", start=offset, num=_PAGE,
-                                                                   withscores=True))[0]
-            for key, score in page:
-                if before is None or (score, key) < tuple(before):
-                    yield score, key
+            start = offset
+            page = self._pipe(lambda pipe: pipe.zrevrangebyscore(key, top, "-inf", start=start,  # noqa: B023
+                                                                   num=_PAGE, withscores=True))[0]
+            for member, score in page:
+                if before is None or (score, member) < tuple(before):
+                    yield score, member
             if len(page) < _PAGE:
                 return
             offset += len(page)

@@ -182,9 +182,9 @@ def django_client() -> Iterator[Any]:
     """Django's test client on the example project (this process), its AAA_CELERY set to drive
     the same fleet and store as the Flask processes."""
     pytest.importorskip("django")
-    from .test_django import EXAMPLE
-
     import django
+
+    from .test_django import EXAMPLE
 
     sys.path.insert(0, str(EXAMPLE))
     before = os.environ.get("DJANGO_SETTINGS_MODULE")

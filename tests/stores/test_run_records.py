@@ -162,3 +162,23 @@ def test_two_tenants_runs_of_one_run_id_are_two_runs_found_by_id_alone(store_fac
     store.forget_run(acme.key)
     assert [r.tenant for r in store.find_runs(acme.run_id)] == ["globex"]
     assert store.find_runs("run-nobody") == []
+
+
+def test_a_long_listing_pages_through_every_run(store_factory, backend, store_url):
+    """Past one index page of a shard (Redis reads 200 entries a round trip; one shard here)."""
+    from aaa_celery.stores import open_store
+
+    store = open_store(store_url, shards=1) if backend.startswith("redis") else store_factory()
+    try:
+        base = time.time()
+        runs = [new_run("bulk", base + n / 1000) for n in range(450)]
+        for run in runs:
+            store.put_run(run)
+        seen, before = [], None
+        while page := store.list_runs(tenant="bulk", limit=300, before=before):
+            seen += [r.run_id for r in page]
+            before = page[-1].cursor
+        assert seen == [r.run_id for r in reversed(runs)]
+    finally:
+        if backend.startswith("redis"):
+            store.close()
