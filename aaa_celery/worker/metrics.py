@@ -321,7 +321,8 @@ def _delegate(name: str) -> Any:
 
 # Every other verb of the store interface, present and future, goes to the inner store, timed
 # (a verb the base class implements, e.g. by raising NotImplementedError, must not shadow it).
-for _name, _member in vars(Store).items():
+for _name in dir(Store):  # its own verbs and the inherited ones (the run records of stores/runs.py)
+    _member = getattr(Store, _name)
     if callable(_member) and not _name.startswith("_") and _name not in vars(MeteredStore):
         setattr(MeteredStore, _name, _delegate(_name))
 abc.update_abstractmethods(MeteredStore)

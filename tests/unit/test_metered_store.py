@@ -58,3 +58,17 @@ def test_only_a_reconcile_that_settles_the_call_counts_as_reconciled():
     observe(RECONCILED, 1, {"ok": False, "error": "OutcomeUnknown"})
     labels = {"name": "pay", "hostname": "w1@h", "queue_name": "aaa.default"}
     assert sample(registry, "aaa_task_reconciled_total", **labels) == 2
+
+
+def test_the_run_records_reach_the_wrapped_store_too():
+    """Reproduces on 9aa0fd4: the run-record verbs (inherited from stores/runs.py) raised
+    NotImplementedError on a metered store, and an engine on it kept no run state."""
+    from aaa_celery.runtime.runstate import keeps_runs
+    from aaa_celery.stores.runs import RunRecord
+
+    inner = MemoryStore()
+    store = MeteredStore(inner, Metrics(CollectorRegistry()), "w1@host")
+    assert keeps_runs(store)
+    store.put_run(RunRecord("r1", "acme", "ToolLoop", {}, "running", 1.0, 1.0))
+    assert store.lease_run(RunRecord("r1", "acme").key, "w1", 30)
+    assert inner.get_run(RunRecord("r1", "acme").key).holder == "w1"
