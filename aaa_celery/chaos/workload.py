@@ -38,8 +38,8 @@ from .app import TASKS, make_app
 
 WORKER_FAULTS = ("kill_main", "kill_child", "freeze_kill", "stop_cont")
 #: Faults of the store itself: a Redis store the run starts, with AOF (``appendfsync always``).
-#: ``store_pause``: ``CLIENT PAUSE ... WRITE`` for longer than the lease TTL, while calls run
-#: and finish; ``store_restart``: the store's redis-server killed -9 and started again on its
+#: ``store_pause``: ``CLIENT PAUSE ... WRITE`` for longer than the lease TTL, timed to begin
+#: just before a running body returns (so its ``finish`` meets the pause); ``store_restart``: the store's redis-server killed -9 and started again on its
 #: data; ``store_failover``: a replica of the store promoted while the old primary (the one
 #: the workers use) replicates from it and answers READONLY, for a few seconds, then back.
 #: Only in runs that name them in ``kinds``.
@@ -529,7 +529,9 @@ class ChaosRun:
             return
         fault.done_at = self._now()
         if fault.kind == "store_pause":
-            fault.target = f"store CLIENT PAUSE WRITE {fault.hold_s:.1f} s"
+            ending = self._finish_soon()
+            fault.done_at = self._now()
+            fault.target = f"store CLIENT PAUSE WRITE {fault.hold_s:.1f} s" + (f", as {ending} finishes" if ending else "")
             server.pause(fault.hold_s)
             self.stop_event.wait(fault.hold_s)
         elif fault.kind == "store_failover":
@@ -553,6 +555,22 @@ class ChaosRun:
         else:
             fault.target = f"store redis-server {server.proc.pid} kill -9, restarted on its AOF"
             server.restart()
+
+    def _finish_soon(self, within_s: float = 3.0) -> str:
+        """Wait until a running body is about to return (its planned length after its
+        ledger ``start``), so a pause meets that call's ``finish``; returns its call id,
+        or "" when no body ends within ``within_s``."""
+        durations = {call.call_id: call.duration_s for call in self.sent}
+        now = time.time()
+        ends = [(x.start_at + durations[x.call_id], x.call_id)
+                for x in (x for xs in executions(self.ledger.entries()).values() for x in xs)
+                if x.start_at is not None and not x.ended and x.call_id in durations]
+        soon = [(end, cid) for end, cid in ends if now < end - 0.05 < now + within_s]
+        if not soon:
+            return ""
+        end, call_id = min(soon)
+        self.stop_event.wait(max(0.0, end - 0.05 - time.time()))
+        return call_id
 
     def _pg_kill(self, fault: Fault) -> None:
         """Terminate one PostgreSQL backend of the store (a lease holder's, if any)."""
