@@ -499,7 +499,7 @@ def test_a_claim_ends_the_recovery_hold_so_a_second_crash_is_recovered_at_once(s
     call = new_call()
     store.register(call)
     assert store.claim_recovery(call.call_id, "sweeper", 30.0)
-    cfg = config()
+    cfg = config(lease_ttl_s=SHORT_TTL_S)  # lose_lease waits one TTL on TTL stores
     lease = claim(store, call, "worker-a", cfg).lease
 
     # When that attempt is lost too
@@ -552,7 +552,7 @@ def test_claim_recovery_backs_off_and_counts_republishes_until_a_claim(store_fac
     assert gaps[3] < 1.5, gaps  # capped (uncapped it would be 1.6; a wide margin for load)
 
     # And a claim restarts the count: a later lapse is a first republish again
-    lease = claim(store, fresh, "worker-a", config()).lease
+    lease = claim(store, fresh, "worker-a", config(lease_ttl_s=SHORT_TTL_S)).lease
     lose_lease(store, lease)
     assert store_factory().claim_recovery(fresh.call_id, "sweeper", 0.2, 0.4) == 1
 
