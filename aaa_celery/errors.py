@@ -8,6 +8,8 @@ extra context is keyword-only and optional.
 
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 
@@ -48,11 +50,31 @@ class ToolTimeout(ToolError):
     """The tool body ran longer than the tool's timeout_s."""
 
 
-class OutcomeUnknown(ToolError):
+#: Why an attempt was lost, as ``OutcomeUnknown`` and ``ExecutionAbandoned`` report it (their
+#: ``cause``, and ``(cause: ...)`` at the end of their message): its worker was lost (a crash,
+#: a kill, a stall), it could not reach the store for longer than its lease, or every one
+#: of the call's attempts lost its worker (a call that kills its worker: a poison call).
+WORKER_LOST = "worker_lost"
+STORE_UNREACHABLE = "store_unreachable"
+POISON_CALL = "poison_call"
+LOSS_CAUSES = (WORKER_LOST, STORE_UNREACHABLE, POISON_CALL)
+
+
+class _LossCause:
+    """``cause``: which loss ended the call (one of :data:`LOSS_CAUSES`), read from the
+    message, so it survives any result backend that keeps an error's text."""
+
+    @property
+    def cause(self) -> str | None:
+        found = re.search(r"\(cause: (\w+)\)\s*$", str(self))
+        return found.group(1) if found else None
+
+
+class OutcomeUnknown(_LossCause, ToolError):
     """The action may already have happened: verify its effect, do not blindly retry it."""
 
 
-class ExecutionAbandoned(ToolError):
+class ExecutionAbandoned(_LossCause, ToolError):
     """The call kept losing its worker and reached max_attempts; it was abandoned."""
 
 
@@ -102,6 +124,12 @@ OUTCOME_UNKNOWN_MESSAGE = (
     "The outcome of this action is unknown: the worker running it was lost after the "
     "action started, so it may or may not have taken effect. Do not simply retry it: "
     "verify first (look the effect up), then decide."
+)
+
+OUTCOME_UNKNOWN_STORE_MESSAGE = (
+    "The outcome of this action is unknown: the worker running it could not reach the guard's "
+    "store for longer than its lease, so it stopped the action part way; it may or may not have "
+    "taken effect. Do not simply retry it: verify first (look the effect up), then decide."
 )
 
 ABANDONED_MESSAGE = (

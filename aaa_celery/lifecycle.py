@@ -23,7 +23,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from .config import Delivery, GuardConfig
-from .errors import ABANDONED_MESSAGE, OUTCOME_UNKNOWN_MESSAGE
+from .errors import (
+    ABANDONED_MESSAGE,
+    OUTCOME_UNKNOWN_MESSAGE,
+    OUTCOME_UNKNOWN_STORE_MESSAGE,
+    POISON_CALL,
+    STORE_UNREACHABLE,
+    WORKER_LOST,
+)
 
 STARTED = "aaa.tool.started"
 COMPLETED = "aaa.tool.completed"
@@ -159,8 +166,11 @@ class Lease:
         return self.attempt
 
 
-def fenced_data(lease: Lease) -> dict[str, Any]:
-    return {"call_id": lease.call_id, "attempt": lease.attempt, "worker": lease.worker}
+def fenced_data(lease: Lease, cause: str | None = None) -> dict[str, Any]:
+    data: dict[str, Any] = {"call_id": lease.call_id, "attempt": lease.attempt, "worker": lease.worker}
+    if cause:
+        data["cause"] = cause
+    return data
 
 
 def stamped(outcome: Outcome, attempt: int) -> Outcome:
@@ -239,9 +249,10 @@ def stale_event(call: CallSpec, outcome: Outcome) -> Draft:
     return _draft(call.call_id, STALE_RESULT, outcome.attempt, result_data(call, outcome))
 
 
-def fenced_event(lease: Lease) -> Draft:
-    """``aaa.tool.fenced``: an attempt that lost its lease and was cancelled."""
-    return _draft(lease.call_id, FENCED, lease.attempt, fenced_data(lease))
+def fenced_event(lease: Lease, cause: str | None = None) -> Draft:
+    """``aaa.tool.fenced``: an attempt that lost its lease and was cancelled; ``cause`` says
+    why, when its holder knows (``store_unreachable``: no renewal could prove the lease)."""
+    return _draft(lease.call_id, FENCED, lease.attempt, fenced_data(lease, cause))
 
 
 def retried_event(lease: Lease) -> Draft:
@@ -345,6 +356,8 @@ class CallState:
     (a retry its body asked for), 0 if none did; ``handed`` is how many attempts did.
     ``token`` is the token of the call's last claim while its holder has not let it go
     (live or lapsed), "" if none: a retried ``begin`` with that token is recognized.
+    ``lost_cause`` is the ``cause`` the last attempt's holder recorded with its
+    ``aaa.tool.fenced`` event, "" if none (read only for a call whose lease lapsed).
     """
 
     attempts: int = 0
@@ -355,6 +368,7 @@ class CallState:
     handed_on: int = 0
     handed: int = 0
     token: str = ""
+    lost_cause: str = ""
 
 
 def same_claim(stored: str, token: str | None) -> bool:
@@ -378,14 +392,28 @@ def attempt_cap(config: GuardConfig) -> int:
     return 1 if config.delivery is Delivery.AT_MOST_ONCE else config.max_attempts
 
 
-def refusal(attempts: int, config: GuardConfig, lost: int | None = None) -> Outcome:
+def loss_cause(config: GuardConfig, lost: int, recorded: str = "") -> str:
+    """Why the call's last attempt was lost: what its holder recorded, else a lost worker;
+    under at_least_once, several lost attempts in a row are a poison call."""
+    if recorded:
+        return recorded
+    if config.delivery is not Delivery.AT_MOST_ONCE and lost > 1:
+        return POISON_CALL
+    return WORKER_LOST
+
+
+def refusal(attempts: int, config: GuardConfig, lost: int | None = None, cause: str = "") -> Outcome:
     """The failure recorded for a call refused after ``attempts`` attempts, ``lost`` of
     them lost (all, by default): ``OutcomeUnknown`` under at_most_once, else
-    ``ExecutionAbandoned``."""
-    if config.delivery is Delivery.AT_MOST_ONCE:
-        return Outcome.failure("OutcomeUnknown", OUTCOME_UNKNOWN_MESSAGE, attempts)
+    ``ExecutionAbandoned``. Its message ends with ``(cause: <loss>)`` (see
+    :func:`loss_cause`; ``cause``: what the last attempt's holder recorded, if anything)."""
     lost = attempts if lost is None else lost
-    return Outcome.failure("ExecutionAbandoned", ABANDONED_MESSAGE.format(attempts=lost), attempts)
+    why = loss_cause(config, lost, cause)
+    if config.delivery is Delivery.AT_MOST_ONCE:
+        text = OUTCOME_UNKNOWN_STORE_MESSAGE if why == STORE_UNREACHABLE else OUTCOME_UNKNOWN_MESSAGE
+        return Outcome.failure("OutcomeUnknown", f"{text} (cause: {why})", attempts)
+    return Outcome.failure("ExecutionAbandoned", f"{ABANDONED_MESSAGE.format(attempts=lost)} (cause: {why})",
+                           attempts)
 
 
 def decide_begin(state: CallState, config: GuardConfig, token: str | None = None) -> BeginDecision:
@@ -410,7 +438,7 @@ def decide_begin(state: CallState, config: GuardConfig, token: str | None = None
     last_handed_on = state.attempts > 0 and state.handed_on == state.attempts
     lost = state.attempts - state.handed
     if state.attempts > 0 and not last_handed_on and lost >= attempt_cap(config):
-        return BeginDecision("refuse", refusal=refusal(state.attempts, config, lost))
+        return BeginDecision("refuse", refusal=refusal(state.attempts, config, lost, state.lost_cause))
     return BeginDecision("claim", attempt=state.attempts + 1)
 
 
@@ -495,9 +523,10 @@ def plan_finish(state: CallState, call: CallSpec, lease: Lease, outcome: Outcome
     return Writes(Stale(state.result), event=stale_event(call, outcome), let_go=lease.token)
 
 
-def plan_fenced(lease: Lease) -> Writes:
-    """``lease``'s attempt lost its lease and was cancelled: audit it, and let the lease go."""
-    return Writes(event=fenced_event(lease), let_go=lease.token)
+def plan_fenced(lease: Lease, cause: str | None = None) -> Writes:
+    """``lease``'s attempt lost its lease and was cancelled: audit it (with ``cause``, if
+    known), and let the lease go."""
+    return Writes(event=fenced_event(lease, cause), let_go=lease.token)
 
 
 def plan_hand_on(lease: Lease, holds: bool) -> Writes:

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from ..config import GuardConfig, RetryPolicy
 from ..context import running_attempt
-from ..errors import TOOL_ERRORS, LeaseLost, StoreUnavailable, ToolError, ToolTimeout
+from ..errors import STORE_UNREACHABLE, TOOL_ERRORS, LeaseLost, StoreUnavailable, ToolError, ToolTimeout
 from ..lifecycle import (
     FENCED,
     RETRIED,
@@ -245,11 +245,9 @@ class GuardRunner:
             outcome = self._success(call, value, lease.attempt)
             if not outcome.ok:
                 error = TypeError(outcome.message)
-        except (LeaseCancelled, LeaseLost):
-            try:
-                self.store.fenced(lease)
-            except Exception as e:  # noqa: BLE001 - the audit is best effort; the store's trouble is why we are here
-                log.warning("aaa: could not record the fenced attempt %s of %s: %r", lease.attempt, call.call_id, e)
+        except (LeaseCancelled, LeaseLost) as e:
+            unproved = watchdog.lost_cause == STORE_UNREACHABLE or (isinstance(e, LeaseLost) and not watchdog.lost)
+            self._fenced(call, lease, STORE_UNREACHABLE if unproved else None)
             self.emit(FENCED, lease.attempt, worker=lease.worker)
             raise Dropped("lease lost; attempt cancelled") from None
         except BodyTimedOut:
@@ -270,6 +268,21 @@ class GuardRunner:
         if error is not None:
             raise error
         return value
+
+    def _fenced(self, call: CallSpec, lease: Lease, cause: str | None) -> None:
+        """Record the fenced attempt, with ``cause``. An attempt that gave up because the
+        store could not be reached says so once the store answers again (tried for a while),
+        so that a refusal of the call names the store, not a lost worker, as the cause."""
+        give_up = time.monotonic() + (max(30.0, 4 * lease.ttl_s) if cause == STORE_UNREACHABLE else 0.0)
+        while True:
+            try:
+                self.store.fenced(lease, cause)
+                return
+            except Exception as e:  # noqa: BLE001 - the audit is best effort; the store's trouble is why we are here
+                if time.monotonic() >= give_up:
+                    log.warning("aaa: could not record the fenced attempt %s of %s: %r", lease.attempt, call.call_id, e)
+                    return
+            time.sleep(0.25)
 
     def _success(self, call: CallSpec, value: Any, attempt: int) -> Outcome:
         """The outcome of a body that returned ``value``: a value the store cannot keep

@@ -215,7 +215,8 @@ class Watchdog:
         self.timeout_s = timeout_s
         self.lost = False
         #: Why the lease was lost: "lease_taken" (a renewal found another attempt holding
-        #: the call) or "store_unreachable" (no renewal could prove it within its TTL).
+        #: the call) or "store_unreachable" (``errors.STORE_UNREACHABLE``: no renewal could
+        #: prove it within its TTL).
         self.lost_cause: str | None = None
         self.reason: type[Interrupted] | None = None
         self._armed = threading.Lock()

@@ -13,10 +13,10 @@ from ..errors import ConfigError
 from ..protocol import RUN_HEADER, TENANT_HEADER, TOOL_CALL_HEADER, task_name, usable_tool_call_id
 from ..tools.args import CheckedArgs
 from ..tools.secrets import open_raw, seal_raw, sealer_for
-from ..tools.handler import ToolHandler
+from ..tools.handler import ToolHandler, store_of
 from ..tools.registry import ToolRegistry
 from ..tools.tool import Tool
-from .results import ToolFact, fact_from_celery
+from .results import ToolFact, fact_from_celery, fact_from_record
 
 #: The concurrency of a pool that no handler sized (``ToolHandler(pools=...)``).
 DEFAULT_POOL_SIZE = 8
@@ -112,9 +112,22 @@ class ToolExecutor:
             )
             return self._shorten(t, await self._wait(result, call_id, t.name))
 
+    def _store_truth(self, call_id: str, name: str, fact: ToolFact) -> ToolFact | None:
+        """A failed Celery fact checked against the guard's store, whose record wins."""
+        try:
+            store = store_of(self.app)
+            recorded = store.result(call_id)
+            begun = recorded is not None or bool(store.events(call_id))
+        except Exception:  # noqa: BLE001 - a store the engine cannot read leaves Celery's word
+            return fact
+        return fact_from_record(call_id, name, fact, recorded, begun)
+
     async def _wait(self, result: Any, call_id: str, name: str) -> ToolFact:
         def read() -> ToolFact | None:
-            return fact_from_celery(call_id, name, result.state, result.result)
+            fact = fact_from_celery(call_id, name, result.state, result.result)
+            if fact is None or fact.ok:
+                return fact
+            return self._store_truth(call_id, name, fact)
 
         delay = self.poll_s
         while True:

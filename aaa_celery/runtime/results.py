@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +53,21 @@ def fact_from_celery(call_id: str, name: str, state: str, result: Any) -> ToolFa
             return failed(call_id, name, result)
         return ToolFact(call_id, name, False, error="ToolError", message=str(result))
     return None
+
+
+def fact_from_record(call_id: str, name: str, celery_fact: ToolFact, recorded: Any, begun: bool) -> ToolFact | None:
+    """The fact for a call Celery reports failed, once the guard's store was asked (one truth:
+    the store's record wins over a Celery state it contradicts). ``recorded`` is the call's
+    recorded outcome (a ``lifecycle.Outcome``) or None; ``begun``: whether the store has seen
+    an attempt of it. A call the store has begun and not finished is still pending (None):
+    a FAILURE from outside the guard (a hard time limit, a lost worker) is not its outcome.
+    A call the store never saw keeps Celery's fact (it failed before the guard ran it)."""
+    if recorded is not None:
+        if recorded.ok:
+            return ToolFact(call_id, name, True, recorded.value)
+        return dataclasses.replace(celery_fact, error=recorded.error or celery_fact.error,
+                                   message=recorded.message or celery_fact.message)
+    return None if begun else celery_fact
 
 
 def failed(call_id: str, name: str, error: BaseException) -> ToolFact:

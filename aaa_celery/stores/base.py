@@ -103,8 +103,10 @@ class Store(RunRecords, abc.ABC):
         (the attempt was not lost), and it does not count toward ``max_attempts``."""
 
     @abc.abstractmethod
-    def fenced(self, lease: Lease) -> None:
-        """Record ``aaa.tool.fenced`` for an attempt that lost its lease and was cancelled."""
+    def fenced(self, lease: Lease, cause: str | None = None) -> None:
+        """Record ``aaa.tool.fenced`` for an attempt that lost its lease and was cancelled;
+        ``cause`` (``errors.STORE_UNREACHABLE``, ...) is kept with it, and a refusal of the
+        call after that attempt names it (``lifecycle.CallState.lost_cause``)."""
 
     @abc.abstractmethod
     def events(self, call_id: str) -> list[Event]:

@@ -12,6 +12,7 @@ from ..config import GuardConfig
 from ..lifecycle import (
     BeginResult,
     CallSpec,
+    FENCED,
     CallState,
     Checkpoint,
     Draft,
@@ -20,6 +21,7 @@ from ..lifecycle import (
     Lease,
     Outcome,
     joined,
+    event_id,
     merge_spec,
     plan_begin,
     plan_fenced,
@@ -56,7 +58,10 @@ class _Call:
     def state(self, now: float) -> CallState:
         token = self.lease.token if self.lease is not None else ""
         if not self.live(now):
-            return CallState(self.attempts, self.result, handed_on=self.handed_on, handed=self.handed, token=token)
+            fenced = event_id(self.spec.call_id, FENCED, self.attempts)
+            cause = next((str(e.data.get("cause") or "") for e in self.events if e.id == fenced), "")
+            return CallState(self.attempts, self.result, handed_on=self.handed_on, handed=self.handed, token=token,
+                             lost_cause=cause)
         assert self.lease is not None
         return CallState(self.attempts, self.result, True, self.lease.worker, self.lease.expires_at,
                          self.handed_on, self.handed, token)
@@ -147,11 +152,11 @@ class MemoryStore(MemoryRuns, Store):
             if rec is not None:
                 apply(plan_release(lease), _Writer(rec, self.now()))
 
-    def fenced(self, lease: Lease) -> None:
+    def fenced(self, lease: Lease, cause: str | None = None) -> None:
         with self._lock:
             rec = self._calls.get(lease.call_id)
             if rec is not None:
-                apply(plan_fenced(lease), _Writer(rec, self.now()))
+                apply(plan_fenced(lease, cause), _Writer(rec, self.now()))
 
     def hand_on(self, lease: Lease) -> None:
         with self._lock:

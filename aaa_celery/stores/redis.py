@@ -352,7 +352,7 @@ class RedisStore(RedisRuns, Store):
             if kind == "respec":
                 spec = CallSpec.from_json(reply[1])
             elif kind == "recount":
-                state = CallState(reply[1], handed_on=reply[2], handed=reply[3])
+                state = CallState(reply[1], handed_on=reply[2], handed=reply[3], lost_cause=reply[4])
             else:
                 break
         else:
@@ -399,8 +399,8 @@ class RedisStore(RedisRuns, Store):
     def release(self, lease: Lease) -> None:
         self._run("release", lease.call_id, lease.token)
 
-    def fenced(self, lease: Lease) -> None:
-        self._run("fenced", lease.call_id, lease.token, *_event_args(fenced_event(lease)))
+    def fenced(self, lease: Lease, cause: str | None = None) -> None:
+        self._run("fenced", lease.call_id, lease.token, *_event_args(fenced_event(lease, cause)))
 
     def hand_on(self, lease: Lease) -> None:
         self._run("hand_on", lease.call_id, lease.token, lease.attempt, *_event_args(retried_event(lease)))

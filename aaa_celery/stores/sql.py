@@ -41,6 +41,7 @@ from ..errors import StoreUnavailable
 from ..lifecycle import (
     BeginResult,
     CallSpec,
+    FENCED,
     CallState,
     Checkpoint,
     Draft,
@@ -50,6 +51,7 @@ from ..lifecycle import (
     Outcome,
     Writes,
     joined,
+    event_id,
     merge_spec,
     plan_begin,
     plan_fenced,
@@ -225,6 +227,11 @@ def insert_event_if_absent(insert: Insert, event: Event) -> sa.Executable:
         "at": event.at,
     }
     return insert(events).values(**row).on_conflict_do_nothing(index_elements=["event_id"])
+
+
+def select_event_data(event_id: str) -> sa.Select[Any]:
+    """The data of one audit event, by its id."""
+    return sa.select(events.c.data).where(events.c.event_id == event_id)
 
 
 def select_events(call_id: str) -> sa.Select[Any]:
@@ -406,7 +413,12 @@ class SQLStore(Store):
         result = self._result(conn, row.call_id)
         token = row.lease_token or ""
         if not holder_live:
-            return CallState(row.attempts, result, handed_on=row.handed_on, handed=row.handed, token=token)
+            cause = ""
+            if row.attempts > 0 and result is None:  # a lapsed call: did its holder say why?
+                data = conn.execute(select_event_data(event_id(row.call_id, FENCED, row.attempts))).scalar_one_or_none()
+                cause = str((data or {}).get("cause") or "")
+            return CallState(row.attempts, result, handed_on=row.handed_on, handed=row.handed, token=token,
+                             lost_cause=cause)
         return CallState(row.attempts, result, True, row.lease_worker or "", row.lease_expires_at,
                          row.handed_on, row.handed, token)
 
@@ -462,8 +474,8 @@ class SQLStore(Store):
         finally:
             self._let_go(lease)
 
-    def fenced(self, lease: Lease) -> None:
-        self._audit_and_let_go(lease, lambda row, live: plan_fenced(lease))
+    def fenced(self, lease: Lease, cause: str | None = None) -> None:
+        self._audit_and_let_go(lease, lambda row, live: plan_fenced(lease, cause))
 
     def hand_on(self, lease: Lease) -> None:
         self._audit_and_let_go(lease, lambda row, live: plan_hand_on(lease, row.lease_token == lease.token and live()))

@@ -302,9 +302,9 @@ class MeteredStore(Store):
         self._forget(lease)
         self._timed("hand_on", self.inner.hand_on, lease)
 
-    def fenced(self, lease: Lease) -> None:
+    def fenced(self, lease: Lease, cause: str | None = None) -> None:
         self._forget(lease)
-        self._timed("fenced", self.inner.fenced, lease)
+        self._timed("fenced", self.inner.fenced, lease, cause)
 
     def close(self) -> None:
         self.inner.close()

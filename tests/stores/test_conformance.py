@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from aaa_celery.config import Delivery, GuardConfig
+from aaa_celery.errors import ExecutionAbandoned, OutcomeUnknown
 from aaa_celery.lifecycle import (
     COMPLETED,
     FAILED,
@@ -201,6 +202,41 @@ def test_a_checkpoint_is_kept_for_the_next_attempt_and_only_its_holder_writes_it
     assert not a.save_checkpoint(old, checkpoint_json(1, {"page": 99}))
     assert b.save_checkpoint(new, checkpoint_json(2, {"page": 5}))
     assert a.last_checkpoint(call.call_id) == Checkpoint(2, {"page": 5})
+
+
+@pytest.mark.parametrize("delivery, max_attempts, recorded, cause", [
+    (Delivery.AT_MOST_ONCE, 3, None, "worker_lost"),
+    (Delivery.AT_MOST_ONCE, 3, "store_unreachable", "store_unreachable"),
+    (Delivery.AT_LEAST_ONCE, 1, None, "worker_lost"),
+    (Delivery.AT_LEAST_ONCE, 1, "store_unreachable", "store_unreachable"),
+])
+def test_a_refusal_names_the_loss_that_caused_it(store_factory, lose_lease, delivery, max_attempts, recorded, cause):
+    """Issue 13, item 3: ``OutcomeUnknown`` / ``ExecutionAbandoned`` say which loss caused
+    them (reproduces on 4a34578: always "the worker was lost", even when the store was)."""
+    a, b = store_factory(), store_factory()
+    call = new_call()
+    cfg = config(delivery=delivery, max_attempts=max_attempts, lease_ttl_s=SHORT_TTL_S)
+    lease = claim(a, call, "worker-a", cfg).lease
+    lose_lease(a, lease)
+    if recorded:
+        a.fenced(lease, recorded)  # the holder gave up: it could not prove its lease
+    refused = b.begin(call, "worker-b", cfg)
+    assert isinstance(refused, Refused), refused
+    assert refused.result.message.endswith(f"(cause: {cause})"), refused.result.message
+    assert b.result(call.call_id) == refused.result
+    kind = OutcomeUnknown if delivery is Delivery.AT_MOST_ONCE else ExecutionAbandoned
+    assert kind(refused.result.message).cause == cause
+
+
+def test_every_attempt_lost_is_a_poison_call(store_factory, lose_lease):
+    a = store_factory()
+    call, cfg = new_call(), config(max_attempts=2, lease_ttl_s=SHORT_TTL_S)
+    for n in (1, 2):
+        lease = claim(a, call, f"worker-{n}", cfg).lease
+        lose_lease(a, lease)
+    refused = a.begin(call, "worker-3", cfg)
+    assert isinstance(refused, Refused)
+    assert ExecutionAbandoned(refused.result.message).cause == "poison_call"
 
 
 def test_lost_lease_is_taken_over_as_attempt_2(store_factory, lose_lease):

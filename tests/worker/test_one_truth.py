@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from aaa_celery import OutcomeUnknown
 from aaa_celery.lifecycle import COMPLETED
 
 from .test_fleet_faults import started, types
@@ -71,6 +72,10 @@ def test_store_killed_mid_call_never_shows_the_caller_a_failure_that_later_flips
     assert (final == "SUCCESS") == recorded.ok, (final, outcome, recorded)
     if recorded.ok:
         assert types(f.store, result.id)[-1] == COMPLETED
+    else:
+        # at_most_once: the refusal says the store, not the worker, was lost (issue 13, item 3)
+        assert recorded.error == "OutcomeUnknown" and isinstance(outcome, OutcomeUnknown), outcome
+        assert outcome.cause == "store_unreachable", str(outcome)
 
 
 def test_a_read_only_store_at_finish_is_retried_never_a_failure(fleet, store_server, redis_url):  # noqa: F811
@@ -101,3 +106,27 @@ def test_a_read_only_store_at_finish_is_retried_never_a_failure(fleet, store_ser
     assert len(f.ledger.entries(result.id, "start")) == 1
     assert types(f.store, result.id)[-1] == COMPLETED
     assert f.store.result(result.id).attempt == 1
+
+
+def test_a_publish_that_fails_registers_nothing_so_caller_and_store_agree(redis_url):
+    """Issue 13, item 3: a publish that fails leaves no registration behind, so recovery
+    never sends a call whose caller was told it failed. (Already true on 4a34578, whose
+    ``apply_async`` registers only after the broker took the message; this guards it.)"""
+    from aaa_celery.stores import open_store
+
+    from .fleet_app import make_app
+
+    client = make_app({"AAA_FLEET_BROKER": "redis://127.0.0.1:1/0", "AAA_FLEET_BACKEND": redis_url,
+                       "AAA_FLEET_STORE": redis_url})
+    client.conf.broker_connection_retry = False
+    client.conf.broker_connection_max_retries = 0
+    store = open_store(redis_url)
+    try:
+        with pytest.raises(Exception):  # noqa: B017 - kombu's OperationalError, whatever wraps it
+            client.tasks["fleet.quick"].apply_async((1,), task_id="never-sent", retry=False)
+        far = store.now() + 10 * 24 * 3600
+        assert [c.call_id for c in store.expired(now=far, unclaimed_grace_s=0)] == []
+        assert store.events("never-sent") == [] and store.result("never-sent") is None
+    finally:
+        store.close()
+        client.close()

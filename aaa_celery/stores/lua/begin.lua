@@ -21,7 +21,7 @@
 -- Returns {"finished", outcome JSON} | {"busy", worker, expires ms} | {"refused"} |
 --         {"claimed", attempt, expires ms}, or, having written nothing but the spec:
 --         {"respec", spec JSON}: the spec in force is not the one the events were built for;
---         {"recount", attempts, handed on, handed}: the call is in another state than the
+--         {"recount", attempts, handed on, handed, lost cause}: the call is in another state than the
 --         one the payloads were built for (a call run before), so they must be built again.
 
 local now, at = clock()
@@ -59,7 +59,16 @@ local attempts = tonumber(redis.call('GET', ATTEMPTS) or '0')
 local handed = redis.call('HMGET', SPEC, 'handed_on', 'handed')
 local handed_on, handed_n = tonumber(handed[1] or '0'), tonumber(handed[2] or '0')
 if attempts ~= tonumber(ARGV[13]) or handed_on ~= tonumber(ARGV[14]) or handed_n ~= tonumber(ARGV[15]) then
-  return {'recount', attempts, handed_on, handed_n}
+  -- the cause the last attempt's holder recorded with its fenced event (lifecycle.CallState.lost_cause)
+  local cause, fenced = '', CALL .. ':attempt:' .. attempts .. ':fenced'
+  for _, e in ipairs(redis.call('LRANGE', EVENTS, 0, -1)) do
+    local entry = cjson.decode(e)
+    if entry.id == fenced then
+      local data = cjson.decode(entry.event).data
+      if type(data) == 'table' and type(data.cause) == 'string' then cause = data.cause end
+    end
+  end
+  return {'recount', attempts, handed_on, handed_n, cause}
 end
 if attempts >= tonumber(ARGV[12]) then
   record(ARGV[16], ARGV[17], ARGV[18], at, ARGV[9])
