@@ -172,3 +172,31 @@ def test_lease_remaining_tracks_the_last_proved_renewal() -> None:
     assert all(0 < s <= 0.6 for s in seen) and min(seen) > 0.2, seen  # renewed all along
     assert Watchdog(None, None, cfg, None).lease_remaining_s() == float("inf")
     assert isinstance(claimed.lease, Lease)
+
+
+class LostBeginReply(MemoryStore):
+    """A memory store whose first ``begin`` lands but whose reply is lost (a connection that
+    drops after the write), as a store outage reaches the guard."""
+
+    lost = 0
+
+    def begin(self, call, worker, config, token=None):  # type: ignore[no-untyped-def]
+        got = super().begin(call, worker, config, token)
+        if not self.lost:
+            self.lost += 1
+            raise StoreUnavailable("memory store unavailable: the reply was lost (injected)")
+        return got
+
+
+def test_an_at_most_once_call_whose_begin_reply_was_lost_runs_once_as_attempt_1() -> None:
+    """On 4a34578 (begin took no token; this test fails there) the guard handed the message back, the requeued copy found its
+    own orphaned claim busy, and once it lapsed the call ended OutcomeUnknown, though its
+    body never ran. Now the begin is retried with the same token and claims attempt 1."""
+    store = LostBeginReply()
+    cfg = GuardConfig(lease_ttl_s=2.0, delivery="at_most_once")
+    call = new_call()
+    ran: list[int] = []
+    assert GuardRunner(store, cfg).run(call, "worker-a", lambda attempt: ran.append(attempt) or attempt) == 1
+    assert ran == [1] and store.lost == 1
+    assert store.result(call.call_id).ok
+    assert [e.attempt for e in store.events(call.call_id) if e.type == "aaa.tool.started"] == [1]
