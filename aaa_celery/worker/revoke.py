@@ -15,7 +15,7 @@ from typing import Any
 
 from ..config import GuardConfig
 from ..errors import StoreError
-from ..lifecycle import Lease, Outcome
+from ..lifecycle import Accepted, Lease, Outcome
 from .stores import app_store
 
 log = logging.getLogger("aaa_celery.worker")
@@ -40,8 +40,17 @@ def on_task_revoked(sender: Any = None, request: Any = None, terminated: bool = 
     call_id = getattr(request, "id", None)
     if not isinstance(config, GuardConfig) or not config.enabled or not call_id:
         return
-    outcome = revoked_outcome(terminated, signum, expired)
+    settle(sender.app, Lease(call_id, 0, "revoked", "", 0.0), revoked_outcome(terminated, signum, expired),
+           _SETTLE, "revocation")
+
+
+def settle(app: Any, lease: Lease, outcome: Outcome, config: GuardConfig, what: str) -> bool:
+    """Record ``outcome`` as the call's one result by a lease-less finish, from outside the
+    attempt that ran it (first writer wins; ``config.fence_results``: only while no later
+    attempt than ``lease.attempt`` has started). The broker's ack is Celery's: a store that
+    fails here is logged, and recovery may bring the call back once. True if recorded."""
     try:
-        app_store(sender.app).finish(Lease(call_id, 0, "revoked", "", 0.0), outcome, _SETTLE)
-    except StoreError as e:  # the broker's ack is done; recovery may bring it back once
-        log.warning("aaa: could not record the revocation of %s: %s", call_id, e)
+        return isinstance(app_store(app).finish(lease, outcome, config), Accepted)
+    except StoreError as e:
+        log.warning("aaa: could not record the %s of %s: %s", what, lease.call_id, e)
+        return False

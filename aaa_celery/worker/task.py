@@ -48,6 +48,8 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
 
     acks_late = True
     reject_on_worker_lost = True
+    #: a hard ``time_limit`` is also recorded in the store (see :mod:`aaa_celery.worker.timelimit`)
+    Request = "aaa_celery.worker.timelimit:GuardedRequest"
 
     @classmethod
     def on_bound(cls, app: Any) -> None:

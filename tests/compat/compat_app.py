@@ -154,6 +154,12 @@ def make_app(env: Mapping[str, str]) -> Celery:
             return "soft limit reached the body"
         return "no limit"
 
+    @app.task(bind=True, shared=False, name="compat.hard", time_limit=2)
+    def hard(self: Any) -> str:
+        record("start", self.request.id)
+        time.sleep(30)
+        return "no limit"
+
     @app.task(bind=True, shared=False, name="compat.tracked", track_started=True)
     def tracked(self: Any) -> str:
         time.sleep(1.5)

@@ -1,4 +1,4 @@
-"""More of Celery's task API, plain and guarded: soft time limits, task_track_started,
+"""More of Celery's task API, plain and guarded: soft and hard time limits, task_track_started,
 ignore_result, link_error, on_retry, starmap and chunks."""
 
 from __future__ import annotations
@@ -13,6 +13,34 @@ pytestmark = [pytest.mark.redis, pytest.mark.fleet]
 
 def test_soft_time_limit_reaches_the_body(compat):
     assert compat.app.tasks["compat.soft"].delay().get(timeout=20) == "soft limit reached the body"
+
+
+def test_hard_time_limit_is_the_one_final_failure(compat):
+    """A hard ``time_limit`` is final, as in plain Celery: the caller's FAILURE is the
+    store's record, and recovery never runs the call again (reproduces on bc26f5c: the
+    store had no result and kept attempt 1's lease; recovery ran the body again and again,
+    attempts 2 and 3 within the 9 s wait, each killed by the limit in turn)."""
+    from celery.exceptions import TimeLimitExceeded
+
+    result = compat.app.tasks["compat.hard"].delay()
+    with pytest.raises(TimeLimitExceeded):
+        result.get(timeout=20)
+    if compat.guarded:
+        from aaa_celery.worker import app_store
+
+        store = app_store(compat.app)
+        outcome = store.result(result.id)
+        assert outcome is not None and not outcome.ok and outcome.error == "TimeLimitExceeded", outcome
+        assert outcome.attempt == 1
+    time.sleep(9.0)  # three lease TTLs (3 s), with recovery sweeping every second
+    assert len(compat.starts(result.id)) == 1
+    assert result.state == "FAILURE"
+    if compat.guarded:
+        from aaa_celery.lifecycle import STARTED
+
+        types = [(e.type, e.attempt) for e in store.events(result.id)]
+        assert [a for t, a in types if t == STARTED] == [1], types
+        assert store.result(result.id) == outcome
 
 
 def test_track_started_shows_started_while_running(compat):
