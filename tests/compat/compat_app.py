@@ -160,6 +160,12 @@ def make_app(env: Mapping[str, str]) -> Celery:
         time.sleep(30)
         return "no limit"
 
+    @app.task(bind=True, shared=False, name="compat.hard_once", time_limit=2, delivery="at_most_once")
+    def hard_once(self: Any) -> str:
+        record("start", self.request.id)
+        time.sleep(30)
+        return "no limit"
+
     @app.task(bind=True, shared=False, name="compat.tracked", track_started=True)
     def tracked(self: Any) -> str:
         time.sleep(1.5)

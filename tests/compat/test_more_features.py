@@ -17,30 +17,34 @@ def test_soft_time_limit_reaches_the_body(compat):
 
 def test_hard_time_limit_is_the_one_final_failure(compat):
     """A hard ``time_limit`` is final, as in plain Celery: the caller's FAILURE is the
-    store's record, and recovery never runs the call again (reproduces on bc26f5c: the
-    store had no result and kept attempt 1's lease; recovery ran the body again and again,
-    attempts 2 and 3 within the 9 s wait, each killed by the limit in turn)."""
+    store's record, and recovery never runs the call again, under either delivery
+    (reproduces on bc26f5c: the store had no result and kept attempt 1's lease; at least
+    once, recovery ran the body again and again, 3 starts within the 9 s wait, each killed
+    by the limit in turn; at most once, the store recorded ``OutcomeUnknown(worker_lost)``
+    behind the caller's ``TimeLimitExceeded``)."""
     from celery.exceptions import TimeLimitExceeded
 
-    result = compat.app.tasks["compat.hard"].delay()
-    with pytest.raises(TimeLimitExceeded):
-        result.get(timeout=20)
-    if compat.guarded:
-        from aaa_celery.worker import app_store
+    from aaa_celery.lifecycle import STARTED
+    from aaa_celery.worker import app_store
 
-        store = app_store(compat.app)
-        outcome = store.result(result.id)
-        assert outcome is not None and not outcome.ok and outcome.error == "TimeLimitExceeded", outcome
-        assert outcome.attempt == 1
+    store = app_store(compat.app)
+    results = [compat.app.tasks[name].delay() for name in ("compat.hard", "compat.hard_once")]
+    outcomes = {}
+    for result in results:  # two workers: both run at once
+        with pytest.raises(TimeLimitExceeded):
+            result.get(timeout=20)
+        if compat.guarded:
+            outcome = outcomes[result.id] = store.result(result.id)
+            assert outcome is not None and not outcome.ok and outcome.error == "TimeLimitExceeded", outcome
+            assert outcome.attempt == 1
     time.sleep(9.0)  # three lease TTLs (3 s), with recovery sweeping every second
-    assert len(compat.starts(result.id)) == 1
-    assert result.state == "FAILURE"
-    if compat.guarded:
-        from aaa_celery.lifecycle import STARTED
-
-        types = [(e.type, e.attempt) for e in store.events(result.id)]
-        assert [a for t, a in types if t == STARTED] == [1], types
-        assert store.result(result.id) == outcome
+    for result in results:
+        assert len(compat.starts(result.id)) == 1
+        assert result.state == "FAILURE"
+        if compat.guarded:
+            types = [(e.type, e.attempt) for e in store.events(result.id)]
+            assert [a for t, a in types if t == STARTED] == [1], types
+            assert store.result(result.id) == outcomes[result.id]  # no OutcomeUnknown either
 
 
 def test_track_started_shows_started_while_running(compat):

@@ -68,3 +68,9 @@ def test_the_record_is_fenced_by_the_attempt():
     assert not settle(app, Lease("c4", 1, "time_limit", "", 0.0), Outcome.failure("TimeLimitExceeded", "late"),
                       GuardConfig(fence_results=True), "hard time limit")
     assert store.result("c4") is None
+
+
+def test_tool_tasks_use_the_guarded_request():
+    from aaa_celery.tools.handler import ToolTask
+
+    assert ToolTask.Request == GuardedTask.Request == "aaa_celery.worker.timelimit:GuardedRequest"
