@@ -65,8 +65,9 @@ def fact_from_record(call_id: str, name: str, celery_fact: ToolFact, recorded: A
     if recorded is not None:
         if recorded.ok:
             return ToolFact(call_id, name, True, recorded.value)
-        return dataclasses.replace(celery_fact, error=recorded.error or celery_fact.error,
-                                   message=recorded.message or celery_fact.message)
+        kind = recorded.error or celery_fact.error or "ToolError"
+        return dataclasses.replace(celery_fact, error=kind,
+                                   message=model_message(kind, recorded.message or celery_fact.message or ""))
     return None if begun else celery_fact
 
 
@@ -76,7 +77,12 @@ def failed(call_id: str, name: str, error: BaseException) -> ToolFact:
     An ``OutcomeUnknown`` always tells the model that the action may have
     happened and must be verified, not blindly retried.
     """
-    kind, message = type(error).__name__, str(error)
+    kind = type(error).__name__
+    return ToolFact(call_id, name, False, error=kind, message=model_message(kind, str(error)))
+
+
+def model_message(kind: str, message: str) -> str:
+    """What the model reads for a failure: an ``OutcomeUnknown`` always says to verify first."""
     if kind == "OutcomeUnknown" and "verify" not in message.lower():
-        message = f"{OUTCOME_UNKNOWN_MESSAGE} ({message})" if message else OUTCOME_UNKNOWN_MESSAGE
-    return ToolFact(call_id, name, False, error=kind, message=message)
+        return f"{OUTCOME_UNKNOWN_MESSAGE} ({message})" if message else OUTCOME_UNKNOWN_MESSAGE
+    return message

@@ -16,12 +16,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import OUTCOME_UNKNOWN_MESSAGE
 from ..lifecycle import Outcome
 from ..llm.types import LLMResponse, ToolCall, Usage
 from ..stores.runs import RunRecord, RunRecords, run_key
 from .approvals import PendingApproval
-from .results import ToolFact
+from .results import ToolFact, model_message
 
 if TYPE_CHECKING:
     from ..stores.base import Store
@@ -77,9 +76,7 @@ def fact_from_outcome(call_id: str, name: str, outcome: Outcome) -> ToolFact:
     """The fact of a call whose result the store recorded (as the worker would have answered it)."""
     if outcome.ok:
         return ToolFact(call_id, name, True, outcome.value)
-    message = outcome.message
-    if outcome.error == "OutcomeUnknown" and "verify" not in message.lower():
-        message = f"{OUTCOME_UNKNOWN_MESSAGE} ({message})" if message else OUTCOME_UNKNOWN_MESSAGE
+    message = model_message(outcome.error or "", outcome.message)
     return ToolFact(call_id, name, False, error=outcome.error, message=message)
 
 
