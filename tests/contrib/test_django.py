@@ -21,8 +21,8 @@ django = pytest.importorskip("django")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "django_project"
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[Any]:
+def setup_example() -> None:
+    """Set Django up on the example project's ``proj.settings`` in this process."""
     sys.path.insert(0, str(EXAMPLE))
     before = os.environ.get("DJANGO_SETTINGS_MODULE")
     os.environ["DJANGO_SETTINGS_MODULE"] = "proj.settings"
@@ -32,6 +32,11 @@ def client() -> Iterator[Any]:
         del os.environ["DJANGO_SETTINGS_MODULE"]
     else:
         os.environ["DJANGO_SETTINGS_MODULE"] = before
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[Any]:
+    setup_example()
     from django.test import Client
 
     from aaa_celery.contrib.django import close_runs

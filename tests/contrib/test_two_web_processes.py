@@ -182,18 +182,9 @@ def django_client() -> Iterator[Any]:
     """Django's test client on the example project (this process), its AAA_CELERY set to drive
     the same fleet and store as the Flask processes."""
     pytest.importorskip("django")
-    import django
+    from .test_django import EXAMPLE, setup_example
 
-    from .test_django import EXAMPLE
-
-    sys.path.insert(0, str(EXAMPLE))
-    before = os.environ.get("DJANGO_SETTINGS_MODULE")
-    os.environ["DJANGO_SETTINGS_MODULE"] = "proj.settings"
-    django.setup()
-    if before is None:
-        del os.environ["DJANGO_SETTINGS_MODULE"]
-    else:
-        os.environ["DJANGO_SETTINGS_MODULE"] = before
+    setup_example()
     from django.test import Client, override_settings
 
     from aaa_celery.contrib.django import close_runs
