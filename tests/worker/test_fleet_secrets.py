@@ -13,7 +13,6 @@ mark an argument secret.
 from __future__ import annotations
 
 import secrets as pysecrets
-import threading
 import time
 from typing import Any
 
@@ -28,32 +27,11 @@ from aaa_celery.testing import Fleet, wait_for
 from ..runtime.test_secrets import redis_dump
 from .conftest import ROOT
 from .secrets_app import digest, handler, make_app
+from .test_fleet_events_timeout import EventLog
 
 flask = pytest.importorskip("flask")
 
 pytestmark = [pytest.mark.redis, pytest.mark.fleet]
-
-
-class EventLog:
-    """Every Celery event on the broker, as ``celery events`` receives them."""
-
-    def __init__(self, app: Any) -> None:
-        self.app, self.events, self.ready = app, [], threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        assert self.ready.wait(10), "the event receiver did not start"
-
-    def _run(self) -> None:
-        from celery.events import EventReceiver
-
-        with self.app.connection_for_read() as conn:
-            self.receiver = EventReceiver(conn, handlers={"*": self.events.append}, app=self.app)
-            self.receiver.on_consume_ready = lambda *a, **kw: self.ready.set()
-            self.receiver.capture(limit=None, timeout=None, wakeup=False)
-
-    def stop(self) -> None:
-        self.receiver.should_stop = True
-        self._thread.join(5)
 
 
 def flask_app(client_app: Any, model: Any) -> Any:
