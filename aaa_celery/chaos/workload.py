@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..testing.checker import Call, RecordedStore, check_history, excuse, executions, summarize
-from ..testing.faults import Frozen, freeze, kill9, pool_children
+from ..testing.faults import Frozen, freeze, kill9, pool_children, stop_process
 from ..testing.fleet import WorkerProcess
 from ..testing.ledger import END, EffectLedger
 from .app import TASKS, make_app
@@ -211,13 +211,7 @@ class LocalRedis:
             client.close()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                kill9(self.proc.pid)
-                self.proc.wait(5)
+        stop_process(self.proc)
         self.log.close()
 
 

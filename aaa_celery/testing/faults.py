@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -84,6 +85,19 @@ def kill9(pid: int) -> None:
     """
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+
+
+def stop_process(proc: Any, grace_s: float = 10.0) -> None:
+    """Stop a ``subprocess.Popen`` this test started: SIGTERM, then ``kill -9`` if it has not
+    exited within ``grace_s``; returns once it has been reaped."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        kill9(proc.pid)
+        proc.wait(grace_s)
 
 
 def kill_child(worker: HasPid | int, pid: int | None = None, *, timeout_s: float = 10.0) -> int:

@@ -31,6 +31,8 @@ from typing import Any
 
 import pytest
 
+from aaa_celery.testing.faults import stop_process
+
 from ..runtime.fleet import ROOT, Worker
 from .test_browser import TIMEOUT_S, browser  # noqa: F401 - the headless Chromium fixture
 
@@ -66,13 +68,7 @@ class Web:
             return json.loads(r.read())
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
 
 
 def wait(check: Any, what: str, timeout_s: float = 60) -> Any:

@@ -22,6 +22,7 @@ import pytest
 from celery.events.state import State
 
 from aaa_celery.testing import wait_for
+from aaa_celery.testing.faults import stop_process
 
 from ..servers import free_port
 from .test_fleet_events_timeout import EventLog
@@ -57,12 +58,7 @@ class Flower:
             return 0, ""
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc)
 
 
 def test_state_and_flower_stay_correct_through_a_takeover(fleet, tmp_path):
