@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..testing.checker import Call, RecordedStore, check_history, excuse, executions, summarize
+from ..testing.checker import Call, LeaseEnd, RecordedStore, check_history, excuse, executions, summarize
 from ..testing.faults import Frozen, freeze, kill9, pool_children, stop_process
 from ..testing.fleet import WorkerProcess
 from ..testing.ledger import END, EffectLedger
@@ -47,6 +47,10 @@ STORE_FAULTS = ("store_pause", "store_restart", "store_failover")
 #: Why a violation of a call that a failover touched is a documented exception (README).
 FAILOVER_REASON = ("store_failover: Redis replication is asynchronous, so a write the old primary "
                    "acknowledged can be lost (the guarantee holds on one server with AOF)")
+#: Why an overlap of an ``on_lost_lease=finish`` call whose session a pg_kill ended is a
+#: documented exception (README): the lease is the session's lock, and ends with it.
+PG_KILL_REASON = ("a session store's lease ends with its session, and on_lost_lease=finish lets "
+                  "the body run to its end (its result fenced)")
 FAULT_KINDS = (*WORKER_FAULTS, "duplicate", "pg_kill", *STORE_FAULTS)
 
 
@@ -281,6 +285,8 @@ class ChaosRun:
         self.store_replica: LocalRedis | None = None
         #: Calls a fault outside the guarantee touched: their violations are documented exceptions.
         self.excused: dict[str, str] = {}
+        #: Leases that pg_kill ended (the checker's LeaseEnd: no silence before the loss).
+        self.lease_ends: list[LeaseEnd] = []
         self.fault_error: BaseException | None = None
 
     # -- setup ------------------------------------------------------------------------
@@ -574,6 +580,8 @@ class ChaosRun:
             return
         import psycopg
 
+        from ..stores.sql import calls as calls_table
+
         url = "postgresql://" + store.split("://", 1)[1]
         with psycopg.connect(url, autocommit=True) as con:
             rows = con.execute(
@@ -587,8 +595,19 @@ class ChaosRun:
                 fault.skipped = "no store connection"
                 return
             victim = holders[int(fault.pick * len(holders))]
+            # the leases the victim holds: its pid prefixes their tokens (PostgresStore.begin)
+            leases = con.execute(f"SELECT call_id, lease_attempt FROM {calls_table.name} WHERE lease_token LIKE %s",
+                                 (f"{victim}.%",)).fetchall()
+            at = time.time()
             con.execute("SELECT pg_terminate_backend(%s)", (victim,))
         fault.target, fault.done_at = f"postgres backend {victim}", self._now()
+        with self.lock:
+            self.lease_ends += [
+                LeaseEnd(call_id, attempt, at, f"pg_kill at {fault.done_at:.1f} s: backend {victim}, holding "
+                                               f"attempt {attempt}'s lease, terminated; {PG_KILL_REASON}")
+                for call_id, attempt in leases if attempt is not None]
+        if leases:
+            fault.target += " (lease of " + ", ".join(f"{c} attempt {n}" for c, n in leases) + ")"
 
     # -- the end ----------------------------------------------------------------------
     def _stop_fleet(self) -> None:
@@ -634,7 +653,8 @@ class ChaosRun:
         entries = self.ledger.entries()
         store = RecordedStore.snapshot(self.store, [x.call_id for x in calls]) if self.store is not None else None
         violations, exceptions = excuse(
-            check_history(store, entries, calls, heartbeat_s=c.heartbeat_s, lease_ttl_s=c.ttl_s), self.excused)
+            check_history(store, entries, calls, heartbeat_s=c.heartbeat_s, lease_ttl_s=c.ttl_s,
+                          lease_ends=self.lease_ends), self.excused)
         summary = summarize(store, entries, calls, violations)
         done = Counter(f.kind for f in self.plan.faults if f.done_at is not None)
         skipped = Counter(f.kind for f in self.plan.faults if f.skipped)

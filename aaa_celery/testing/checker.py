@@ -13,6 +13,10 @@
   runs. With ``on_lost_lease=finish`` the earlier one may run to its end, but
   only if its lease could have lapsed: it must have been silent (frozen) for at
   least ``lease_ttl_s - heartbeat_s - slack_s`` just before the later one started.
+  On a session store (PostgreSQL) a lease also ends, with no silence first, when a
+  fault ends its holder's session (``pg_kill``): given as a :class:`LeaseEnd`, such
+  an overlap is still reported, marked ``outside`` the guarantee, and :func:`excuse`
+  counts it apart.
 * **I3** ``at_most_once``: at most one body start per call (and one attempt record).
 * **I4** ``at_least_once``: at most ``max_attempts`` body starts; attempt numbers
   are contiguous from 1, each body run has its attempt record, and no attempt
@@ -27,7 +31,9 @@
 Some faults are outside the guarantee (the README says so): a Redis failover without
 AOF can lose a write that the old primary acknowledged. :func:`excuse` moves the
 violations of the calls such a fault touched into :class:`DocumentedException` records,
-which a report counts apart, next to the reason; they are never dropped silently.
+which a report counts apart, next to the reason; they are never dropped silently. It
+also moves the violations the checker itself marked ``outside`` (the I2 overlap of an
+``on_lost_lease=finish`` call whose lease a :class:`LeaseEnd` ended), and only those.
 
 With ``store=None`` the checker works from the ledger alone (the plain-Celery
 baseline, which has no store): a call's results are its bodies' ``end`` entries,
@@ -55,6 +61,10 @@ class Violation:
     invariant: str
     call_id: str
     message: str
+    #: Why this violation is outside the guarantee (a named fault), or "" when it counts.
+    #: Set by the checker only for a case the guarantee documents; :func:`excuse` counts
+    #: such a violation apart.
+    outside: str = ""
 
     def __str__(self) -> str:
         return f"{self.invariant} {self.call_id}: {self.message}"
@@ -71,18 +81,41 @@ class DocumentedException:
         return f"{self.violation} [documented exception: {self.reason}]"
 
 
-def excuse(violations: Iterable[Violation], excused: dict[str, str]) -> tuple[list[Violation], list[DocumentedException]]:
+def excuse(violations: Iterable[Violation],
+           excused: dict[str, str] | None = None) -> tuple[list[Violation], list[DocumentedException]]:
     """Split ``violations`` into those that count and the documented exceptions: the
     violations of the calls in ``excused`` (call id -> the documented reason, e.g. the
-    fault outside the guarantee that touched the call)."""
+    fault outside the guarantee that touched the call), and those the checker marked
+    ``outside`` the guarantee (with their own reason)."""
+    excused = excused or {}
     kept: list[Violation] = []
     exceptions: list[DocumentedException] = []
     for v in violations:
         if v.call_id in excused:
             exceptions.append(DocumentedException(v, excused[v.call_id]))
+        elif v.outside:
+            exceptions.append(DocumentedException(v, v.outside))
         else:
             kept.append(v)
     return kept, exceptions
+
+
+@dataclass(frozen=True)
+class LeaseEnd:
+    """A fault that ended an attempt's lease at a known moment, with no silence first.
+
+    On a session store (PostgreSQL) the lease is the holder session's advisory lock: a
+    terminated backend (``pg_kill``) frees it at once, and the next delivery may start
+    the next attempt. Under ``on_lost_lease=finish`` the holder's body then runs to its
+    end, as documented (its result is fenced as ``stale_result``)."""
+
+    call_id: str
+    #: The attempt whose lease the fault ended.
+    attempt: int
+    #: When, on the ledger's clock (epoch seconds), no later than the fault itself.
+    at: float
+    #: The fault, named, for the documented exception.
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -185,6 +218,7 @@ def check_history(
     heartbeat_s: float = 5.0,
     slack_s: float = 1.0,
     lease_ttl_s: float | None = None,
+    lease_ends: Iterable[LeaseEnd] = (),
 ) -> list[Violation]:
     """Every violation of I1..I7 in the history of ``calls``.
 
@@ -192,8 +226,13 @@ def check_history(
     ``heartbeat_s`` is the guard's renewal period (the window a stalled attempt may
     still run after waking, I2) and ``lease_ttl_s`` the lease's TTL (default
     ``3 * heartbeat_s``); ``slack_s`` absorbs scheduling and clock jitter.
+    ``lease_ends``: leases that faults ended without silence (see :class:`LeaseEnd`);
+    the overlaps they explain are reported marked ``outside`` (see :func:`excuse`).
     ``store=None``: ledger-only (baseline) mode, see the module docstring.
     """
+    ended: dict[str, list[LeaseEnd]] = defaultdict(list)
+    for end in lease_ends:
+        ended[end.call_id].append(end)
     entries = ledger.entries() if isinstance(ledger, BaseEffectLedger) else list(ledger)
     runs = executions(entries)
     effects: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -209,7 +248,8 @@ def check_history(
         else:
             ttl = 3 * heartbeat_s if lease_ttl_s is None else lease_ttl_s
             if call.on_lost_lease == "finish":
-                i2 = _overlaps(call.call_id, execs, 0.0, min_silence_s=max(0.0, ttl - heartbeat_s - slack_s))
+                i2 = _overlaps(call.call_id, execs, 0.0, min_silence_s=max(0.0, ttl - heartbeat_s - slack_s),
+                               ended=ended.get(call.call_id, ()))
             else:
                 i2 = _overlaps(call.call_id, execs, heartbeat_s + slack_s)
             out += _check_guarded(call, store, execs, effects.get(call.call_id, []), i2)
@@ -307,11 +347,14 @@ def _check_guarded(call: Call, store: AuditTrail, execs: list[Execution], effect
     return v
 
 
-def _overlaps(cid: str, execs: list[Execution], window_s: float, min_silence_s: float | None = None) -> list[Violation]:
+def _overlaps(cid: str, execs: list[Execution], window_s: float, min_silence_s: float | None = None,
+              ended: Sequence[LeaseEnd] = ()) -> list[Violation]:
     """I2: an execution active after a later one started, beyond ``window_s`` from its
     first activity since that start (the stalled-worker window; 0 in baseline mode).
     With ``min_silence_s`` (``on_lost_lease=finish``) it may run on to its end, if it
-    was silent at least that long right before the later one started."""
+    was silent at least that long right before the later one started; or if a fault in
+    ``ended`` ended its attempt's lease before the later one started, which is reported
+    marked ``outside`` the guarantee, with the fault's reason."""
     v = []
     for i, a in enumerate(execs):
         for b in execs[i + 1:]:
@@ -319,11 +362,17 @@ def _overlaps(cid: str, execs: list[Execution], window_s: float, min_silence_s: 
             during = sorted(t for t in a.points if b_start < t <= b_last)
             if not during:
                 continue
+            outside = ""
             if min_silence_s is not None:
                 before = max((t for t in a.points if t <= b_start), default=b_start)
                 if b_start - before >= min_silence_s:
                     continue
                 beyond = during
+                end = min((e for e in ended if e.attempt == a.attempt and e.at <= b_start),
+                          key=lambda e: e.at, default=None)
+                if end is not None:
+                    outside = (f"{end.reason}; attempt {a.attempt}'s lease ended "
+                               f"{b_start - end.at:.2f} s before attempt {b.attempt} started")
             else:
                 resumed = during[0]
                 beyond = [t for t in during if t - resumed > window_s] if window_s > 0 else during
@@ -332,6 +381,7 @@ def _overlaps(cid: str, execs: list[Execution], window_s: float, min_silence_s: 
                     "I2", cid,
                     f"run {a.exec_id} (attempt {a.attempt}, pid {a.pid}) was still running "
                     f"{beyond[-1] - b_start:.2f} s after run {b.exec_id} (attempt {b.attempt}, pid {b.pid}) started",
+                    outside,
                 ))
     return v
 

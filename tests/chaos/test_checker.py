@@ -167,6 +167,79 @@ def test_i2_on_lost_lease_finish_may_run_on_only_after_its_lease_lapsed():
     assert invariants(h.check()) == ["I2"]
 
 
+def _finish_call_whose_session_was_killed(h: History, cid: str) -> None:
+    """The long PostgreSQL run's case: attempt 1 of an ``on_lost_lease=finish`` call never
+    went silent, its session was killed (pg_kill) 7 ms into it, attempt 2 took the freed
+    lock 0.47 s later, and attempt 1 ran its body to the end (its result fenced)."""
+    h.ev(cid, STARTED, 1, 0.0)
+    h.body(cid, 1, 0.0, 4.0, value={"attempt": 1}, exec_id="a1")     # ticks all along: never silent
+    h.ev(cid, STARTED, 2, 0.477)
+    h.body(cid, 2, 0.477, 3.0, value={"attempt": 2})
+    h.result(cid, 2, {"attempt": 2}, at=3.0)
+    h.ev(cid, STALE_RESULT, 1, 4.0, value={"attempt": 1})
+
+
+PG_KILL = "pg_kill at 12.3 s: backend 4242 terminated"
+
+
+def test_i2_finish_call_whose_session_a_pg_kill_ended_is_a_documented_exception():
+    """Reproduces on 4156db8: the checker reports I2 for this history and has no way to
+    say the lease ended with its session (its finish rule knows only silence past the TTL).
+
+    Without the fault it is still an I2 violation (a session end is never guessed); given
+    the fault as a LeaseEnd, the overlap is still reported, marked outside the guarantee
+    with the fault named, and excuse() counts it apart: nothing else is excused."""
+    from aaa_celery.testing.checker import LeaseEnd, excuse
+
+    h = History()
+    cid = h.call("finish-pg-kill", on_lost_lease="finish")
+    _finish_call_whose_session_was_killed(h, cid)
+    store = RecordedStore(h.events, h.results)
+    plain = check_history(store, h.ledger, h.calls, **CHECK)
+    assert invariants(plain) == ["I2"]
+    assert excuse(plain) == (plain, [])
+
+    found = check_history(store, h.ledger, h.calls, **CHECK,
+                          lease_ends=[LeaseEnd(cid, 1, 0.007, PG_KILL)])
+    assert [(v.invariant, v.message) for v in found] == [(v.invariant, v.message) for v in plain]
+    kept, exceptions = excuse(found, {})
+    assert kept == []
+    assert len(exceptions) == 1 and exceptions[0].violation.invariant == "I2"
+    assert exceptions[0].reason.startswith(PG_KILL)
+    assert "attempt 1's lease ended 0.47 s before attempt 2 started" in exceptions[0].reason
+    assert "documented exception" in str(exceptions[0])
+
+    # the same call also losing its result: that I1 is not excused by the pg_kill
+    del h.results[cid]
+    h.events[cid] = [e for e in h.events[cid] if e.type != COMPLETED]
+    kept, exceptions = excuse(check_history(RecordedStore(h.events, h.results), h.ledger, h.calls, **CHECK,
+                                            lease_ends=[LeaseEnd(cid, 1, 0.007, PG_KILL)]))
+    assert invariants(kept) == ["I1"] and len(exceptions) == 1
+
+
+@pytest.mark.parametrize("case", ["no fault", "another call", "another attempt", "after the takeover", "cancel"])
+def test_i2_finish_overlap_without_a_session_end_before_the_takeover_is_still_a_violation(case):
+    """A pg_kill explains a finish-mode overlap only if it ended the overlapping attempt's
+    own lease before the later attempt started; and never a cancel-mode one (that body
+    must stop within a heartbeat whatever ended its lease)."""
+    from aaa_celery.testing.checker import LeaseEnd, excuse
+
+    h = History()
+    cid = h.call("overlap", on_lost_lease="cancel" if case == "cancel" else "finish")
+    _finish_call_whose_session_was_killed(h, cid)
+    ends = {
+        "no fault": [],
+        "another call": [LeaseEnd("other-call", 1, 0.007, PG_KILL)],
+        "another attempt": [LeaseEnd(cid, 2, 0.007, PG_KILL)],
+        "after the takeover": [LeaseEnd(cid, 1, 0.6, PG_KILL)],
+        "cancel": [LeaseEnd(cid, 1, 0.007, PG_KILL)],
+    }[case]
+    kw = {"lease_ends": ends} if ends else {}
+    kept, exceptions = excuse(check_history(RecordedStore(h.events, h.results), h.ledger, h.calls, **CHECK, **kw), {})
+    assert invariants(kept) == ["I2"]
+    assert exceptions == []
+
+
 # -- I3 ---------------------------------------------------------------------------------
 
 
