@@ -37,7 +37,8 @@ def test_importing_the_worker_side_connects_no_signal_until_attached():
     code = (
         "from celery import signals\n"
         "import aaa_celery.worker, aaa_celery.tools, aaa_celery.runtime, aaa_celery.testing\n"
-        "names = ('worker_process_init', 'worker_ready', 'worker_init', 'task_prerun', 'before_task_publish')\n"
+        "names = ('worker_process_init', 'worker_ready', 'worker_init', 'task_prerun', 'task_postrun',\n"
+        "         'task_revoked', 'before_task_publish', 'after_task_publish')\n"
         "connected = {n: len(getattr(signals, n).receivers) for n in names}\n"
         "assert not any(connected.values()), connected\n"
         "from celery import Celery\n"
