@@ -196,6 +196,21 @@ def make_app(env: Mapping[str, str]) -> Celery:
         time.sleep(seconds)
         return text
 
+    @app.task(bind=True, shared=False, name="compat.routed")
+    def routed(self: Any, seconds: float) -> str:
+        """Records how its message was routed, and a custom header, on every start."""
+        from aaa_celery.testing import Ledger
+
+        info = self.request.delivery_info or {}
+        headers = self.request.headers if isinstance(self.request.headers, dict) else {}
+        ledger = Ledger(broker)
+        ledger.record("start", task_id=self.request.id,
+                      delivery={k: info.get(k) for k in ("exchange", "routing_key", "priority")},
+                      custom=getattr(self.request, "x_custom", None) or headers.get("x_custom"))
+        ledger.close()
+        time.sleep(seconds)
+        return "routed"
+
     @app.task(shared=False, name="compat.handle")
     def handle() -> Any:
         return add.delay(2, 3)  # a task may return an AsyncResult: Celery stores it as a tuple

@@ -101,3 +101,20 @@ def test_a_chain_whose_middle_step_s_holder_is_killed_still_completes(compat):
     compat.replace_worker(compat.fleet.worker_of(first["pid"]), kill=True)
     assert result.get(timeout=40) == "a+b+c"
     assert len(compat.starts(middle_id)) == 2  # attempt 2 of the middle step
+
+
+def test_a_recovered_call_keeps_its_priority_routing_and_headers(compat):
+    """Reproduced on 702d210: recovery republished only task, args, kwargs, queue and the
+    ``aaa_`` headers, so priority, exchange routing and custom headers were lost. Attempt 2
+    must see the message attempt 1 saw."""
+    if not compat.guarded:
+        pytest.skip("plain Celery over Redis brings the message back after visibility_timeout (1 h)")
+    result = compat.app.tasks["compat.routed"].apply_async(
+        (3.0,), priority=7, headers={"x_custom": "kept"})
+    first = wait_for(lambda: compat.starts(result.id), 20, "attempt 1 started")[0]
+    compat.replace_worker(compat.fleet.worker_of(first["pid"]), kill=True)
+    assert result.get(timeout=40) == "routed"
+    starts = compat.starts(result.id)
+    assert len(starts) == 2, starts
+    assert first["delivery"]["priority"] == 7 and first["custom"] == "kept", first
+    assert starts[1]["delivery"] == first["delivery"] and starts[1]["custom"] == "kept", starts

@@ -35,6 +35,23 @@ def test_a_bad_argument_count_fails_at_send_time_with_celery_s_type_error(compat
         compat.app.tasks["compat.add"].delay(1)
 
 
+def test_a_send_that_celery_refuses_leaves_nothing_for_recovery_to_run(compat):
+    """Reproduced on 702d210: registration ran before Celery's argument check, so a send
+    that raised ``TypeError`` still left a registered call, which recovery ran later."""
+    task_id = f"phantom-{compat.mode}-{time.time_ns()}"
+    with pytest.raises(TypeError):
+        compat.app.tasks["compat.append"].apply_async(("x",), task_id=task_id)
+    if compat.guarded:
+        from aaa_celery.worker import app_store
+
+        store = app_store(compat.app)
+        everything = store.expired(now=store.now() + 10**6, unclaimed_grace_s=0)
+        assert task_id not in [spec.call_id for spec in everything]
+        assert store.events(task_id) == [] and store.result(task_id) is None
+    time.sleep(3.0)  # a recovery sweep past the 2 s grace
+    assert compat.starts(task_id) == []
+
+
 def test_the_send_time_check_has_the_function_s_own_arity(compat):
     header = compat.app.tasks["compat.add"].__header__
     import inspect
