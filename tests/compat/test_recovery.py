@@ -37,6 +37,19 @@ def test_countdown_is_kept_while_recovery_runs(compat):
     assert time.monotonic() - sent >= 5.5  # not brought forward by recovery (grace is 2 s)
 
 
+def test_countdown_is_kept_across_a_worker_restart(compat):
+    """The workers holding a countdown call are restarted before it is due: it runs once,
+    not before its eta, neither brought forward by recovery nor lost."""
+    result = compat.app.tasks["compat.slow_pass"].apply_async(("late", 0.0), countdown=10)
+    sent = time.monotonic()
+    time.sleep(1.0)
+    compat.restart()
+    assert result.get(timeout=60) == "late"
+    assert time.monotonic() - sent >= 9.5
+    time.sleep(3.0)  # a recovery sweep past the 2 s grace
+    assert len(compat.starts(result.id)) == 1
+
+
 def test_an_expired_call_is_never_run(compat):
     tasks = compat.app.tasks
     result = tasks["compat.append"].apply_async(("x", "y"), expires=-1)  # expired when it arrives
@@ -44,6 +57,9 @@ def test_an_expired_call_is_never_run(compat):
     time.sleep(4.0)  # two recovery sweeps past the 2 s grace
     assert compat.starts(result.id) == []
     assert result.state == "REVOKED"
+    compat.restart()  # fresh workers, whose memory of the expiry is gone
+    time.sleep(4.0)
+    assert compat.starts(result.id) == []
 
 
 def test_a_revoked_call_is_never_run_not_even_after_a_restart(compat):
