@@ -211,6 +211,42 @@ def make_app(env: Mapping[str, str]) -> Celery:
         time.sleep(seconds)
         return "routed"
 
+    @app.task(bind=True, shared=False, name="compat.exhausted")
+    def exhausted(self: Any) -> None:
+        record("start", self.request.id)
+        raise self.retry(exc=ValueError("gave up"), countdown=0.2, max_retries=1)
+
+    @app.task(bind=True, shared=False, name="compat.eta_retry")
+    def eta_retry(self: Any) -> int:
+        import datetime as _dt
+
+        record("start", self.request.id)
+        if self.request.retries < 1:
+            raise self.retry(eta=_dt.datetime.now(_dt.timezone.utc) + _dt.timedelta(seconds=2))
+        return self.request.retries
+
+    @app.task(bind=True, shared=False, name="compat.backoff", autoretry_for=(KeyError,),
+              retry_backoff=1, retry_backoff_max=4, retry_jitter=False, max_retries=2)
+    def backoff(self: Any) -> int:
+        record("start", self.request.id)
+        if self.request.retries < 2:
+            raise KeyError("not yet")
+        return self.request.retries
+
+    @app.task(bind=True, shared=False, name="compat.requeued")
+    def requeued(self: Any) -> str:
+        from celery.exceptions import Reject
+
+        from aaa_celery.testing import Ledger
+
+        record("start", self.request.id)
+        seen = Ledger(broker)
+        first = len(seen.entries(self.request.id, "start")) == 1
+        seen.close()
+        if first:
+            raise Reject("once more", requeue=True)
+        return "second delivery"
+
     @app.task(shared=False, name="compat.handle")
     def handle() -> Any:
         return add.delay(2, 3)  # a task may return an AsyncResult: Celery stores it as a tuple

@@ -43,6 +43,41 @@ def test_autoretry_for_retries(compat):
     assert len(compat.starts(result.id)) == 3
 
 
+def test_retry_past_max_retries_raises_the_given_exc(compat):
+    result = compat.app.tasks["compat.exhausted"].delay()
+    with pytest.raises(ValueError, match="gave up"):
+        result.get(timeout=30)
+    assert len(compat.starts(result.id)) == 2  # the first run and its one retry
+    assert result.state == "FAILURE"
+
+
+def test_retry_with_eta_waits_for_it(compat):
+    sent = time.monotonic()
+    result = compat.app.tasks["compat.eta_retry"].delay()
+    assert result.get(timeout=30) == 1
+    assert time.monotonic() - sent >= 1.8
+    assert len(compat.starts(result.id)) == 2
+
+
+def test_autoretry_with_backoff_waits_between_tries(compat):
+    sent = time.monotonic()
+    result = compat.app.tasks["compat.backoff"].delay()
+    assert result.get(timeout=30) == 2
+    assert time.monotonic() - sent >= 2.8  # backoff 1 s, then 2 s
+    assert len(compat.starts(result.id)) == 3
+
+
+def test_reject_with_requeue_runs_the_call_again(compat):
+    result = compat.app.tasks["compat.requeued"].delay()
+    assert result.get(timeout=30) == "second delivery"
+    assert len(compat.starts(result.id)) == 2
+    if compat.guarded:
+        assert trail(compat, result.id) == [
+            ("aaa.tool.started", 1), ("aaa.tool.retried", 1),
+            ("aaa.tool.started", 2), ("aaa.tool.completed", 2),
+        ]
+
+
 def test_ignore_ends_the_call_without_a_result_and_it_never_runs_again(compat):
     result = compat.app.tasks["compat.ignored"].delay()
     wait_for(lambda: compat.starts(result.id), 20, "the body ran")
