@@ -323,7 +323,7 @@ class Engine:
         handle.started_at, handle.algo, handle.input = record.started_at, record.algo, record.input
         handle.resumed = record.resumed + 1
         handle._seq0 = record.events
-        handle._prior = dict(record.approvals)
+        handle.approvals.prior = dict(record.approvals)
         handle._driven_before = True
         self._finished.pop(run_id, None)
         self.runs[run_id] = handle

@@ -1,10 +1,10 @@
-"""A run of an algorithm: its events, its approvals, its tool calls and its outcome."""
+"""A run of an algorithm: its events, its tool calls and its outcome (its approvals:
+:mod:`aaa_celery.runtime.asking`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import enum
 import time
 from dataclasses import dataclass
@@ -13,16 +13,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ApprovalDenied, ApprovalExpired, ToolArgsError
 from ..llm.types import LLMRequest, LLMResponse, ToolCall
 from ..protocol import mint_call_id
-from ..tools.tool import Tool
-from .approvals import (
-    APPROVAL_DENIED,
-    APPROVAL_EXPIRED,
-    APPROVAL_GRANTED,
-    APPROVAL_REQUESTED,
-    DENIED_MESSAGE,
-    PendingApproval,
-    arguments_hash,
-)
+from .approvals import APPROVAL_DENIED, APPROVAL_GRANTED, DENIED_MESSAGE, PendingApproval
+from .asking import RunApprovals
 from .results import ToolFact, failed
 from .runstate import (
     RunRecord,
@@ -99,10 +91,8 @@ class RunHandle:
         self._record = record  # a view of a stored run (no _task): what the store said
         self._events: list[dict[str, Any]] = []
         self._seq0 = 0  # events already stored before this process drove the run (a resume)
-        self._approvals: dict[str, PendingApproval] = {}
-        self._decided: dict[str, tuple[str, str]] = {}  # call id -> (state, reason) of a decided request
-        self._shown: set[str] = set()  # call ids whose open request is in the store (decidable anywhere)
-        self._prior: dict[str, dict[str, Any]] = {}  # a resumed run's requests for approval, by call id
+        #: The run's requests for approval (of a run this process drives).
+        self.approvals = RunApprovals(self)
         self._turns = 0
         self._llm_turns = 0
         self._replaying = False
@@ -204,8 +194,7 @@ class RunHandle:
             assert self._record is not None
             return [stored_approval(a) for a in self._record.approvals.values() if a.get("state") == "open"
                     and a.get("expires_at", 0) > time.time()]
-        # a request is shown once any process can decide it: once it is in the store
-        return [p for p in list(self._approvals.values()) if not p.decided and p.call_id in self._shown]
+        return self.approvals.pending()
 
     @property
     def cursor(self) -> tuple[float, str]:
@@ -214,15 +203,11 @@ class RunHandle:
 
     def _record_now(self, status: str | None = None, outcome: RunOutcome | None = None) -> RunRecord:
         if status is None:
-            status = "waiting" if any(not p.decided for p in list(self._approvals.values())) else "running"
-        approvals = dict(self._prior)
-        for call_id, p in self._approvals.items():
-            state, reason = self._decided.get(call_id, ("open", ""))
-            approvals[call_id] = {**p.to_dict(), "args_hash": p.args_hash, "state": state, "reason": reason}
+            status = "waiting" if self.approvals.waiting() else "running"
         return RunRecord(
             self.run_id, self.tenant, self.algo, self.input, status, self.started_at, time.time(),
             None if outcome is None else {"status": outcome.status, "value": outcome.value, "error": outcome.error},
-            approvals, self.resumed,
+            self.approvals.recorded(), self.resumed,
         )
 
     def _touch(self, status: str | None = None, outcome: RunOutcome | None = None) -> None:
@@ -278,27 +263,15 @@ class RunHandle:
             if pending is None:
                 raise KeyError(f"no pending approval for call_id {call_id!r} in run {self.run_id}")
         else:
-            pending = self._approvals.get(call_id) if isinstance(call_id, str) else None
-            if pending is None or pending.decided or pending._future is None:
-                raise KeyError(f"no pending approval for call_id {call_id!r} in run {self.run_id}")
+            pending = self.approvals.open_request(call_id)
         pending.check(data)  # digest, arguments, tenant, expiry
         granted = type == APPROVAL_GRANTED
         reason = str(data.get("reason") or "")
         if self.durable and not self.engine.store.decide_approval(
                 self.key, pending.call_id, pending.digest, {"granted": granted, "reason": reason}):
             raise KeyError(f"the approval of call_id {call_id!r} in run {self.run_id} was decided already")
-        if self.detached:
-            return  # the process that drives the run reads the decision from the store
-        assert pending._future is not None
-        self._decision(pending, granted, reason)
-        pending._future.set_result((granted, reason))
-
-    def _decision(self, pending: PendingApproval, granted: bool, reason: str) -> None:
-        """Record a decision in the run (its event, and the request's state in the record)."""
-        self._decided[pending.call_id] = ("granted" if granted else "denied", reason)
-        self.emit(APPROVAL_GRANTED if granted else APPROVAL_DENIED,
-                  {"call_id": pending.call_id, "name": pending.tool, **({"reason": reason} if reason else {})})
-        self._touch()
+        if not self.detached:  # else the process that drives the run reads the decision from the store
+            self.approvals.decide(pending, granted, reason)
 
     # -- what the algorithm calls ---------------------------------------------
     async def complete(self, request: LLMRequest) -> LLMResponse:
@@ -368,7 +341,7 @@ class RunHandle:
                 recorded = await off_loop(self.engine.store.kind == "memory", self.engine.store.result, call_id)
             if recorded is not None:
                 return self.engine.tools._shorten(t, fact_from_outcome(call_id, t.name, recorded))
-            pending, reason = await self._approval(call_id, call, t, checked.shown)
+            pending, reason = await self.approvals.ask(call_id, call, t, checked.shown)
             if pending is None:
                 return failed(call_id, t.name, ApprovalExpired(reason))
             if reason is not None:
@@ -382,114 +355,6 @@ class RunHandle:
             return await self.engine.tools.send(self.run_id, self.tenant, call_id, call.id, t, arguments)
         except Exception as e:  # noqa: BLE001 - a broken send is a fact for the model, not a crash
             return failed(call_id, t.name, e)
-
-    def _resumed_request(self, call_id: str, arguments: dict[str, Any]) -> PendingApproval | None:
-        """The request for approval of ``call_id`` that a resumed run's record holds, if it was
-        for exactly these arguments (its digest, expiry and state carry over)."""
-        prior = self._prior.pop(call_id, None)
-        if prior is None:
-            return None
-        pending = stored_approval(prior)
-        if pending.args_hash != arguments_hash(arguments):
-            return None
-        state = prior.get("state", "open")
-        if state != "open":
-            self._decided[call_id] = (state, str(prior.get("reason") or ""))
-        return pending
-
-    async def _approval(self, call_id: str, call: ToolCall, t: Tool,
-                        arguments: dict[str, Any]) -> tuple[PendingApproval | None, str | None]:
-        """Ask a person about exactly ``arguments`` and wait, at most ``engine.approval_ttl_s``.
-
-        Returns ``(grant, None)`` when granted (the caller consumes the grant when it
-        sends), ``(request, reason)`` when denied, and ``(None, message)`` when the
-        request expired undecided.
-
-        A resumed run finds its request in the run's record: a decision taken on it (before
-        or while nobody drove the run) holds, and an open one is still decidable with the
-        digest shown.
-        """
-        future: asyncio.Future[tuple[bool, str]] = asyncio.get_running_loop().create_future()
-        pending = self._resumed_request(call_id, arguments)
-        if pending is not None and call_id in self._decided:
-            state, reason = self._decided[call_id]
-            self._approvals[call_id] = pending
-            pending._future = future
-            if state == "expired":
-                pending.expired = True
-                return None, (f"nobody approved the call within {self.engine.approval_ttl_s:g} s; it was not "
-                              f"sent. Ask for it again if it is still needed: a person must approve it again")
-            future.set_result((state == "granted", reason))
-            return pending, None if state == "granted" else reason
-        if pending is None:
-            pending = PendingApproval.request(
-                run_id=self.run_id, tenant=self.tenant, call_id=call_id, tool=t.name,
-                arguments=copy.deepcopy(arguments), ttl_s=self.engine.approval_ttl_s, tool_call_id=call.id,
-            )
-        pending._future = future
-        self._approvals[call_id] = pending  # a new request replaces (and voids) an older one for this call id
-        self.emit(
-            APPROVAL_REQUESTED,
-            {"call_id": call_id, "tool_call_id": call.id, "name": t.name, "arguments": pending.arguments,
-             "tenant": self.tenant, "digest": pending.digest, "expires_at": pending.expires_at},
-        )
-        self._touch()
-        if self._writer is not None:
-            await self._writer.drain()  # decidable from any process once this returns
-        self._shown.add(call_id)
-        granted, reason = await self._wait_decision(pending, future)
-        if granted is None:
-            return None, (f"nobody approved the call within {self.engine.approval_ttl_s:g} s; it was not sent. "
-                          f"Ask for it again if it is still needed: a person must approve it again")
-        return pending, None if granted else reason
-
-    async def _wait_decision(self, pending: PendingApproval,
-                             future: asyncio.Future[tuple[bool, str]]) -> tuple[bool | None, str]:
-        """Wait for a decision: from this process (the future), or from any other (the store)."""
-        store, writer = self.engine.store, self._writer
-        poll = 0.1
-        while True:
-            remaining = pending.expires_at - time.time()
-            try:
-                wait = remaining if writer is None else min(remaining, poll)
-                return await asyncio.wait_for(asyncio.shield(future), max(0.0, wait))
-            except TimeoutError:
-                pass
-            if future.done():
-                return future.result()
-            if writer is not None:
-                found = await off_loop(writer.inline, store.approval_decision, self.key, pending.call_id,
-                                       pending.digest)
-                if found is None and pending.expires_at <= time.time():
-                    # the expiry is a decision too: a person's click that comes after it loses
-                    expired = {"granted": False, "expired": True, "reason": ""}
-                    if await off_loop(writer.inline, store.decide_approval, self.key, pending.call_id,
-                                      pending.digest, expired):
-                        found = expired
-                    else:
-                        found = await off_loop(writer.inline, store.approval_decision, self.key,
-                                               pending.call_id, pending.digest)
-                if found is not None and not future.done():
-                    if found.get("expired"):
-                        return self._expire(pending, future)
-                    granted, reason = bool(found.get("granted")), str(found.get("reason") or "")
-                    self._decision(pending, granted, reason)
-                    future.set_result((granted, reason))
-                    return granted, reason
-                if future.done():
-                    return future.result()
-                poll = min(poll * 1.5, 1.0)
-            elif pending.expires_at <= time.time():
-                return self._expire(pending, future)
-
-    def _expire(self, pending: PendingApproval, future: asyncio.Future[tuple[bool, str]]) -> tuple[None, str]:
-        pending.expired = True
-        future.cancel()
-        self._decided[pending.call_id] = ("expired", "")
-        self.emit(APPROVAL_EXPIRED, {"call_id": pending.call_id, "name": pending.tool,
-                                     "expires_at": pending.expires_at})
-        self._touch()
-        return None, ""
 
     # -- driving ---------------------------------------------------------------
     async def _drive(self, algo: Any, input: Any, *, resume: bool = False) -> RunOutcome:
