@@ -72,7 +72,12 @@ def app_store(app: Celery) -> Store:
 
 
 def forget_inherited() -> None:
-    """Drop stores opened by a parent process; a forked child opens its own."""
+    """Drop stores opened by a parent process; a forked child opens its own. Call it in
+    the child right after the fork (``worker_process_init``), before any other thread."""
+    global _lock
+    # Another thread of the parent (the recovery sweeper) may have held the lock at the
+    # fork; no thread of the child would ever release it.
+    _lock = threading.Lock()
     with _lock:
         for key in [k for k in _opened if k[0] != os.getpid()]:
             _inherited.append(_opened.pop(key))
