@@ -108,9 +108,12 @@ def test_bind_refuses_a_non_redis_broker_without_aaa_store_url():
 def test_bind_warns_about_prefetch_multiplier_above_one():
     with pytest.warns(UserWarning, match="prefetch"):
         handler().bind(json_app(worker_prefetch_multiplier=4))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    # only the prefetch warning is in question: other tests' shared tasks may warn here
+    # about duplicate task names when a new app takes them in
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         handler().bind(json_app())
+    assert not [w for w in seen if "prefetch" in str(w.message)], [str(w.message) for w in seen]
 
 
 def test_guarded_task_defaults_and_send_time_argument_check_without_ctx():
