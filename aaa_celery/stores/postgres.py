@@ -107,8 +107,12 @@ HELD_ADVISORY_LOCKS = sa.text(
     """
 )
 
-#: Serialize schema creation between processes that open the store at once.
-SCHEMA_LOCK = sa.text("SELECT pg_advisory_xact_lock(:key)")
+#: Serialize schema creation between processes that open the store at once. A two-key
+#: advisory lock: PostgreSQL keeps those apart from the one-bigint keys of call leases, so
+#: no call id can ever share it.
+SCHEMA_LOCK = sa.text("SELECT pg_advisory_xact_lock(:space, 0)")
+#: The first key of :data:`SCHEMA_LOCK`: a 32-bit hash of the package's name.
+SCHEMA_LOCK_SPACE = int.from_bytes(hashlib.blake2b(b"aaa_celery:schema", digest_size=4).digest(), "big", signed=True)
 
 #: The database's clock, in seconds since the epoch (the store's default clock).
 DB_CLOCK = sa.text("SELECT extract(epoch FROM clock_timestamp())")
@@ -216,7 +220,7 @@ class PostgresStore(SQLRuns, SQLStore):
             with self.engine.connect() as conn:
                 check_session_pinned(conn)
             with self.engine.begin() as conn:
-                conn.execute(SCHEMA_LOCK, {"key": lock_key("aaa_celery:schema")})
+                conn.execute(SCHEMA_LOCK, {"space": SCHEMA_LOCK_SPACE})
                 metadata.create_all(conn)
 
     #: Seconds between two reads of the database's clock by :meth:`now` (the default clock).

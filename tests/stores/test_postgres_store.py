@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -266,3 +267,17 @@ def test_idle_session_timeout_evicts_a_frozen_holder(stores):
         time.sleep(0.1)
     assert got.attempt == 2
     assert frozen.renew(lease) is False
+
+
+def test_a_call_whose_id_is_the_schema_lock_s_name_never_blocks_opening_the_store(stores):
+    """Reproduces on 4156db8: the schema lock was the bigint advisory key of the string
+    "aaa_celery:schema", the very key of a call (a plain task id) of that id; while that
+    call was leased, every store that opened (a worker starting) waited for it to end."""
+    first = stores()
+    cfg = GuardConfig(delivery=Delivery.AT_LEAST_ONCE, lease_ttl_s=30)
+    claim(first, CallSpec("aaa_celery:schema", name="charge", request={"task": "tools.charge"}), "w1", cfg)
+    opened: list[PostgresStore] = []
+    opener = threading.Thread(target=lambda: opened.append(stores()), daemon=True)
+    opener.start()
+    opener.join(20)  # opening needs milliseconds; the margin is for a loaded machine
+    assert opened, "opening a store waited for the call's lease"
