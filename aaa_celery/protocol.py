@@ -88,13 +88,18 @@ def check_id(value: Any, what: str, max_bytes: int) -> str:
         raise InvalidId(f"{what} must be a str, not {type(value).__name__}", field=what)
     if not value:
         raise InvalidId(f"{what} must not be empty", field=what)
-    for position, char in enumerate(value):
-        if unicodedata.category(char) in _REFUSED_CATEGORIES:
-            raise InvalidId(
-                f"{what} must not contain control or format characters: {char!a} at position {position} "
-                f"of {value[:64]!a}", field=what,
-            )
-    size = len(value.encode("utf-8"))
+    if value.isascii() and value.isprintable():
+        # the usual id, checked without a look-up per character: the only refused ASCII
+        # characters are the controls (Cc), which are exactly the unprintable ones
+        size = len(value)
+    else:
+        for position, char in enumerate(value):
+            if unicodedata.category(char) in _REFUSED_CATEGORIES:
+                raise InvalidId(
+                    f"{what} must not contain control or format characters: {char!a} at position {position} "
+                    f"of {value[:64]!a}", field=what,
+                )
+        size = len(value.encode("utf-8"))
     if size > max_bytes:
         raise InvalidId(f"{what} is {size} bytes long, more than the {max_bytes} allowed: {value[:64]!a}…",
                         field=what)

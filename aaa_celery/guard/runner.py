@@ -301,13 +301,15 @@ class GuardRunner:
         that pauses finds a ``finish`` queued when it resumes. When the tries run out, the
         lease is given back (on PostgreSQL, the lock is held until then) and the message
         goes back to the broker."""
-        delays = self.result_retry.delays()
+        delays: list[float] | None = None  # worked out on the first failure only
         while True:
             started = time.monotonic()
             try:
                 return self.store.finish(lease, outcome, self.config)
             except Exception as e:  # noqa: BLE001 - any store error (READONLY, OOM, ...) is store trouble
                 _log_trouble("finish", lease.call_id, e)
+                if delays is None:
+                    delays = self.result_retry.delays()
                 if not delays:
                     try:
                         self.store.release(lease)
@@ -342,6 +344,8 @@ class _Unanswered:
             self._tokens[call_id] = token
 
     def take(self, call_id: str) -> str | None:
+        if not self._tokens:  # the usual case; a token put meanwhile is for another delivery
+            return None
         with self._lock:
             return self._tokens.pop(call_id, None)
 

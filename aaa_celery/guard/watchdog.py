@@ -56,9 +56,15 @@ def _on_interrupt_signal(signum: int, frame: Any) -> None:
         raise watchdog.reason()
 
 
+try:  # signal.getsignal without its conversion to an enum, which raises for a function handler
+    from _signal import getsignal as _getsignal
+except ImportError:  # pragma: no cover - another interpreter
+    _getsignal = signal.getsignal
+
+
 def _install_handler() -> None:
     global _handler_installed
-    current = signal.getsignal(INTERRUPT_SIGNAL)
+    current = _getsignal(INTERRUPT_SIGNAL)
     if not _handler_installed or current is not _on_interrupt_signal:
         signal.signal(INTERRUPT_SIGNAL, _on_interrupt_signal)
         _handler_installed = True

@@ -20,6 +20,7 @@ import logging
 from typing import Any
 
 from . import metrics, tracing
+from .conf import setting
 
 log = logging.getLogger("aaa_celery.worker")
 
@@ -37,7 +38,7 @@ class TaskEvents:
 
     def __init__(self, task: Any, tool: str) -> None:
         self.task, self.tool = task, tool
-        self.enabled = bool(task.app.conf.get(TASK_EVENTS_SETTING))
+        self.enabled = bool(setting(task.app, TASK_EVENTS_SETTING))
         # Metrics (a worker with a metrics port) and attempt spans (aaa_tracing) see every event.
         self.observers = [o for o in (metrics.observer(task), tracing.observer(task)) if o is not None]
 

@@ -10,6 +10,7 @@ from celery import Celery
 
 from ..errors import ConfigError
 from ..stores import Store, open_store
+from .conf import setting
 
 _lock = threading.Lock()
 _opened: dict[tuple[int, str, str], Store] = {}
@@ -24,7 +25,7 @@ def store_url(app: Celery) -> str:
     A non-Redis broker without ``aaa_store_url`` is a configuration error: the
     guard needs a store that every worker shares.
     """
-    url = app.conf.get("aaa_store_url")
+    url = setting(app, "aaa_store_url")
     if url:
         return str(url)
     broker = str(app.conf.broker_url or "")
@@ -42,7 +43,7 @@ def store_options(app: Celery) -> dict[str, Any]:
     ``shards``, ``retention_s``, ``idle_session_timeout_s``, ...), passed to
     :func:`~aaa_celery.stores.open_store` in every process that opens it: the pool
     children that run calls and the recovery sweeper alike."""
-    options = app.conf.get("aaa_store_options") or {}
+    options = setting(app, "aaa_store_options") or {}
     if not isinstance(options, dict):
         raise ConfigError(
             f"aaa_store_options: expected a dict of store options (key_prefix, shards, ...), "
@@ -63,7 +64,10 @@ def app_store(app: Celery) -> Store:
         return pinned[1]  # type: ignore[no-any-return]
     url = store_url(app)
     options = store_options(app)
-    key = (os.getpid(), url, repr(sorted(options.items())))
+    key = (os.getpid(), url, repr(sorted(options.items())) if options else "")
+    store = _opened.get(key)  # the usual case, without the lock
+    if store is not None:
+        return store
     with _lock:
         store = _opened.get(key)
         if store is None:

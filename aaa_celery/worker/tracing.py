@@ -24,6 +24,7 @@ import threading
 from typing import Any
 
 from ..lifecycle import COMPLETED, FAILED, FENCED, RETRIED, STALE_RESULT, STARTED
+from .conf import setting
 
 log = logging.getLogger("aaa_celery.worker")
 
@@ -84,7 +85,7 @@ class AttemptSpans:
 
 def observer(task: Any) -> AttemptSpans | None:
     """The attempt spans of one delivery of ``task``, or None when tracing is off."""
-    if not task.app.conf.get(SETTING):
+    if not setting(task.app, SETTING):
         return None
     try:
         from opentelemetry import context, trace
