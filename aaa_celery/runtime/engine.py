@@ -52,6 +52,7 @@ from .runstate import (
     holder_name,
     keeps_runs,
     log,
+    off_loop,
     run_key,
     stored_approval,
 )
@@ -174,7 +175,7 @@ class Engine:
             task.cancel()
         if tasks:
             await asyncio.wait(tasks, timeout=10)
-        await asyncio.to_thread(self._stop_worker)
+        await off_loop(False, self._stop_worker)
 
     def start_sync(self) -> SyncEngine:
         """This engine behind a synchronous facade (for WSGI apps); see :class:`SyncEngine`."""

@@ -9,6 +9,8 @@ turn, so a resumed run replays them instead of asking the model again
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import os
 import socket
@@ -81,8 +83,17 @@ def fact_from_outcome(call_id: str, name: str, outcome: Outcome) -> ToolFact:
 
 
 async def off_loop(inline: bool, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)``: at once for an in-process store, else in a thread (never block the loop on I/O)."""
-    return fn(*args) if inline else await asyncio.to_thread(fn, *args)
+    """``fn(*args)``: at once for an in-process store, else in a thread (never block the loop
+    on I/O). At interpreter exit (an engine closed by ``atexit``), when no new thread may be
+    started, it runs here."""
+    if inline:
+        return fn(*args)
+    try:
+        future = asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(contextvars.copy_context().run, fn, *args))
+    except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+        return fn(*args)
+    return await future
 
 
 class RunWriter:
@@ -149,7 +160,7 @@ class RunWriter:
         while self._record is not None or self._events:
             record, events = self._take()
             try:
-                await asyncio.to_thread(self._write, record, events)
+                await off_loop(False, self._write, record, events)
             except Exception as e:  # noqa: BLE001
                 self._put_back(record, events)
                 self.failures += 1

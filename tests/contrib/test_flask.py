@@ -260,3 +260,26 @@ def test_the_pages_have_no_inline_script_and_a_policy_that_forbids_it(client: An
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "onclick"):
         assert sink not in source.replace("no innerHTML", ""), sink
     assert client.get("/aaa/static/other.js").status_code == 404
+
+
+EXITS_WITHOUT_CLOSING = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from app import create_app
+create_app(TESTING=True, AAA_CELERY_APP=None)
+print("created")
+"""
+
+
+def test_an_app_created_and_never_closed_stops_its_engine_quietly_at_exit():
+    """Reproduces on 4156db8: the engine stopped by ``atexit`` asked ``asyncio.to_thread``
+    for a thread after the interpreter's shutdown had begun, and the exit printed
+    ``RuntimeError: cannot schedule new futures after interpreter shutdown``."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", EXITS_WITHOUT_CLOSING, str(EXAMPLE)], cwd=root,
+                          capture_output=True, text=True, timeout=60,
+                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0 and "created" in done.stdout, done.stderr
+    assert "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
