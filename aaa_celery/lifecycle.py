@@ -39,6 +39,10 @@ FENCED = "aaa.tool.fenced"
 STALE_RESULT = "aaa.tool.stale_result"
 RETRIED = "aaa.tool.retried"
 
+#: ``json.dumps(obj, separators=(",", ":"))``, the form of every record and event the stores
+#: keep, without building a new encoder for each call (the same text: the same options).
+compact_json = json.JSONEncoder(separators=(",", ":")).encode
+
 
 @dataclass(frozen=True)
 class CallSpec:
@@ -54,7 +58,7 @@ class CallSpec:
     request: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__, separators=(",", ":"))
+        return compact_json(self.__dict__)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> CallSpec:
@@ -104,7 +108,7 @@ class Outcome:
         return COMPLETED if self.ok else FAILED
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__, separators=(",", ":"))
+        return compact_json(self.__dict__)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Outcome:
@@ -123,7 +127,7 @@ class Event:
     at: float
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__, separators=(",", ":"))
+        return compact_json(self.__dict__)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Event:
@@ -207,7 +211,7 @@ class Draft:
     data: dict[str, Any]
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__, separators=(",", ":"))
+        return compact_json(self.__dict__)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Draft:
@@ -274,7 +278,7 @@ class Checkpoint:
     data: Any
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__, separators=(",", ":"))
+        return compact_json(self.__dict__)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Checkpoint:
