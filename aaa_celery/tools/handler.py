@@ -202,6 +202,7 @@ class ToolHandler:
                     f"tool {t.name!r}: pool {t.pool!r} is not one of the handler's pools "
                     f"{sorted(self.pools)}; add it to ToolHandler(pools=...)"
                 )
+            rules.refuse_secret_paths(self.guards, t.name, t.secrets)
 
     def queue_for(self, t: Tool, prefix: str = QUEUE_PREFIX) -> str:
         return f"{prefix}{t.pool}"

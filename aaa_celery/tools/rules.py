@@ -15,12 +15,13 @@ is 100). Arguments that do not validate are left to the tool, which fails the ca
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from typing import Any
 
 from celery.exceptions import Reject
 
-from ..errors import InvalidId, PolicyDenied, StoreError, ToolArgsError
-from ..policy import admit, check
+from ..errors import ConfigError, InvalidId, PolicyDenied, StoreError, ToolArgsError
+from ..policy import Budget, Where, admit, check, parse_check
 from ..protocol import RUN_HEADER, TENANT_HEADER, check_call, tenant_of
 from ..worker import app_store
 from ..worker.messages import settle
@@ -81,3 +82,27 @@ def judge_delivery(task: Any, args: Any, kwargs: Any) -> None:
 def _hand_back(error: StoreError) -> Reject:
     """Never run a call the policy could not judge: the message goes back to the broker."""
     return Reject(f"aaa store unavailable while judging the guard policy: {error}", requeue=True)
+
+
+def refuse_secret_paths(policy: Any, tool: str, secrets: frozenset[str]) -> None:
+    """Refuse a ``Where`` or ``Budget`` rule of ``tool`` that reads a secret argument: a
+    denial quotes the value it checked, and a budget keeps its ``by`` values in its store
+    key, so the secret would reach the store, the logs and the model in clear."""
+    if not secrets:
+        return
+    for rule in policy.rules:
+        if not any(fnmatchcase(tool, p) for p in rule.tools):
+            continue
+        if isinstance(rule, Where):
+            paths = [parse_check(rule.check)[0]]
+        elif isinstance(rule, Budget):
+            paths = [rule.amount, *rule.by]
+        else:
+            continue
+        for path in paths:
+            if path.split(".", 1)[0] in secrets:
+                raise ConfigError(
+                    f"guards: rule {rule.label!r} reads {path!r}, a secret argument of tool {tool!r}: its "
+                    f"denials and budget keys would hold the secret in clear; check it inside the tool instead"
+                )
+

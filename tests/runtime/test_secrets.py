@@ -151,6 +151,28 @@ def test_secret_marks_are_checked_when_the_tool_is_defined_and_bound():
         ToolHandler(ToolRegistry([login])).bind(app)
 
 
+def test_a_policy_rule_that_reads_a_secret_argument_is_refused_at_bind():
+    """Reproduces on 62aa5e8: a ``Where`` rule on a secret argument quoted its clear value in
+    the ``PolicyDenied`` that the store records and the model reads; a ``Budget`` by a
+    secret kept it in a store key."""
+    from cryptography.fernet import Fernet
+
+    from aaa_celery.config import GuardPolicy
+    from aaa_celery.policy import Budget, Where
+
+    app = Celery("rules", broker="memory://", set_as_current=False)
+    app.conf.aaa_store_url = "memory://"
+    app.conf.aaa_secret_key = Fernet.generate_key().decode()
+    for rule in (Where(tools="login", check="password != 'hunter2'"),
+                 Budget(tools="pay", amount="amount", by="card", limit=100, per_s=60)):
+        handler = ToolHandler(ToolRegistry([login, pay]), guards=GuardPolicy(rules=[rule]))
+        with pytest.raises(ConfigError, match="secret argument") as e:
+            handler.bind(app)
+        assert "guards" in str(e.value) and "inside the tool" in str(e.value)
+    fine = GuardPolicy(rules=[Where(tools="login", check="user != 'root'"), Where(tools="pay", check="amount <= 9")])
+    ToolHandler(ToolRegistry([login, pay]), guards=fine).bind(app)
+
+
 def test_a_direct_call_takes_the_secret_in_clear():
     received.clear()
     assert asyncio.run(login(user="bo", password="pw")) == "logged in bo"
