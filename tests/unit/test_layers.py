@@ -53,3 +53,16 @@ def test_importing_the_worker_side_connects_no_signal_until_attached():
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_every_worker_module_sits_in_a_layer_of_the_worker_contract():
+    """A module the worker's layers contract does not name is free of it: a new one could
+    import upward unnoticed (worker.timelimit and worker.conf once were)."""
+    import re
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    [contract] = [c for c in config["tool"]["importlinter"]["contracts"] if c["id"] == "worker-layers"]
+    named = {name for layer in contract["layers"] for name in re.split(r"\s*\|\s*", layer)}
+    modules = {p.stem for p in (ROOT / "aaa_celery" / "worker").glob("*.py") if p.stem != "__init__"}
+    assert modules <= named, f"worker modules outside every layer: {sorted(modules - named)}"
