@@ -247,6 +247,10 @@ def make_app(env: Mapping[str, str]) -> Celery:
             raise Reject("once more", requeue=True)
         return "second delivery"
 
+    @app.task(shared=False, name="compat.describe")
+    def describe(refunded: dict[str, Any]) -> str:
+        return f"{refunded['order_id']}:{refunded['amount']}"
+
     @app.task(shared=False, name="compat.handle")
     def handle() -> Any:
         return add.delay(2, 3)  # a task may return an AsyncResult: Celery stores it as a tuple

@@ -4,11 +4,13 @@ direct call of a ``Tool`` runs it unguarded with a marked context."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
-from celery import Celery
+from celery import Celery, chain, group
 
 from aaa_celery.errors import ConfigError, ToolArgsError
+from aaa_celery.testing import wait_for
 from aaa_celery.tools import ToolContext, ToolHandler, ToolRegistry, tool
 from aaa_celery.worker import app_store
 
@@ -22,6 +24,23 @@ def test_a_tool_sent_through_its_handle_runs_guarded_on_the_fleet(compat):
     assert [e.type for e in app_store(compat.app).events(result.id)] == ["aaa.tool.started", "aaa.tool.completed"]
     later = handle.apply_async({"order_id": "A-2", "amount": 5}, countdown=1)
     assert later.get(timeout=20)["order_id"] == "A-2"
+
+
+def test_tool_handles_compose_in_canvas_and_revoke_like_tasks(compat):
+    handle = compat.app.tools_handler.task("refund")
+    describe = compat.app.tasks["compat.describe"]
+    assert chain(handle.s(order_id="C-1", amount=7), describe.s()).apply_async().get(timeout=30) == "C-1:7"
+    values = group(handle.s(order_id=f"G-{i}", amount=i) for i in range(3)).apply_async().get(timeout=30)
+    assert [(v["order_id"], v["amount"], v["guarded"]) for v in values] == [(f"G-{i}", i, True) for i in range(3)]
+    linked = handle.apply_async({"order_id": "L-1", "amount": 2}, link=describe.s())
+    assert linked.get(timeout=20)["order_id"] == "L-1"
+    child = wait_for(lambda: linked.children, 20, "the linked call was sent")[0]
+    assert child.get(timeout=20) == "L-1:2"
+    later = handle.apply_async({"order_id": "R-1", "amount": 1}, countdown=3)
+    later.revoke()
+    wait_for(lambda: later.state == "REVOKED", 20, "Celery revoked the tool call")
+    time.sleep(5.0)  # past its countdown and two recovery sweeps
+    assert compat.starts(later.id) == []
 
 
 def test_wrong_arguments_fail_at_send_time_and_nothing_is_published_or_stored():
