@@ -6,8 +6,15 @@ would run it, registered first as ``apply_async`` would. Prints the client CPU p
 (this process), the store server's CPU per call (``INFO cpu``), round trips per call
 (``INFO commandstats``), and with ``--profile`` the top of a cProfile of the guarded loop.
 
+With ``--stub`` the store answers ``begin`` with a claim and ``finish`` with "accepted"
+without any I/O: what is left is the guard's own Python around the body (adapter, runner,
+watchdog, events), the figure to watch for regressions on the hot path (21 µs over plain
+after issue 10's hot-path pass; 23 µs at 000857b, 41-49 µs before that pass).
+
     python benchmarks/profile_call.py                # 7 blocks of 1000 calls each way
     python benchmarks/profile_call.py --profile      # + cProfile, sorted by own time
+    python benchmarks/profile_call.py --stub         # the guard's Python only, no store I/O
+    python benchmarks/profile_call.py --profile --cpu-clock   # cProfile on CPU time, not wall time
 """
 
 from __future__ import annotations
@@ -57,7 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=7, help="interleaved plain/guarded blocks (default %(default)s)")
     ap.add_argument("--profile", action="store_true", help="cProfile the guarded loop")
     ap.add_argument("--top", type=int, default=35)
+    ap.add_argument("--stub", action="store_true", help="a store without I/O: the guard's own Python only")
+    ap.add_argument("--cpu-clock", action="store_true",
+                    help="profile on this process's CPU time (blocking waits do not count)")
     args = ap.parse_args(argv)
+    if args.stub:
+        return stub_main(args)
     import redis
 
     with redis_server() as srv:
@@ -86,12 +98,48 @@ def main(argv: list[str] | None = None) -> int:
               f"EVALSHA/call {med(evalsha):.2f}; redis commands/call {med(commands):.1f}")
         if args.profile:
             ids = register(guarded, n, "profiled")
-            prof = cProfile.Profile()
+            prof = cProfile.Profile(time.process_time) if args.cpu_clock else cProfile.Profile()
             prof.enable()
             loop(guarded, ids)
             prof.disable()
             pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
             pstats.Stats(prof).sort_stats("cumulative").print_stats(args.top)
+    return 0
+
+
+def stub_main(args: argparse.Namespace) -> int:
+    """``--stub``: the same loops, with a store that claims and accepts without any I/O."""
+    os.environ.update(BENCH_BROKER="memory://", BENCH_STORE="memory://")
+    from aaa_celery.lifecycle import Accepted, Claimed, Lease
+    from aaa_celery.stores.memory import MemoryStore
+    from aaa_celery.worker.stores import use_store
+    from benchmarks import bench_app
+
+    class Stub(MemoryStore):
+        def begin(self, call: Any, worker: str, config: Any, token: str | None = None) -> Any:
+            return Claimed(Lease(call.call_id, 1, worker, token or "stub", config.lease_ttl_s))
+
+        def finish(self, lease: Any, outcome: Any, config: Any) -> Any:
+            return Accepted(outcome)
+
+    app = bench_app.app
+    use_store(app, Stub())
+    guarded, plain = app.tasks["bench.guarded"], app.tasks["bench.plain"]
+    loop(guarded, [f"warm-{i}" for i in range(200)])
+    n, plain_us, guarded_us = args.calls, [], []
+    for r in range(args.reps):
+        plain_us.append(loop(plain, [f"plain{r}-{i}" for i in range(n)]) / n * 1e6)
+        guarded_us.append(loop(guarded, [f"guarded{r}-{i}" for i in range(n)]) / n * 1e6)
+    med = statistics.median
+    print(f"plain   client CPU {med(plain_us):6.1f} µs/call (min {min(plain_us):.1f})")
+    print(f"guarded client CPU {med(guarded_us):6.1f} µs/call (min {min(guarded_us):.1f}), stub store: "
+          f"{med(guarded_us) - med(plain_us):.1f} µs over plain")
+    if args.profile:
+        prof = cProfile.Profile(time.process_time) if args.cpu_clock else cProfile.Profile()
+        prof.enable()
+        loop(guarded, [f"profiled-{i}" for i in range(n)])
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
     return 0
 
 
