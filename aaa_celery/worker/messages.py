@@ -58,6 +58,10 @@ _AAA_HEADERS = {
 _TEXT_HEADERS = ("root_id", "parent_id", "group", "shadow", "argsrepr", "kwargsrepr", "eta", "expires", "lang")
 #: A settling "attempt" (as for a revoked call): no lease holds the call, nothing is fenced.
 _SETTLE = GuardConfig(fence_results=False)
+#: The fields of a protocol 1 body that Celery's worker reads as headers
+#: (``celery.worker.strategy.proto1_to_proto2``).
+_V1_FIELDS = ("lang", "task", "id", "root_id", "parent_id", "group", "shadow", "eta", "expires", "retries",
+              "timelimit", "argsrepr", "kwargsrepr")
 _CHECKED = "_aaa_checked"
 
 
@@ -117,17 +121,21 @@ def check_headers(headers: Any) -> str:
 
 
 def check_message(message: Any, body: Any, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
-    """Raise :class:`Malformed` unless ``message`` is a protocol 2 task message whose headers
-    and body Celery can turn into a request: the body (at most ``max_bytes``) decodes to
-    ``[args (list), kwargs (object with string keys), embed (object or null)]``."""
+    """Raise :class:`Malformed` unless ``message`` is a task message whose headers and body
+    Celery can turn into a request: protocol 2 (the body, at most ``max_bytes``, decodes to
+    ``[args (list), kwargs (object with string keys), embed (object or null)]``), or
+    protocol 1 (``task_protocol=1``: Celery's consumer hands over the decoded JSON object
+    body, which holds the task, id, args and kwargs; see :func:`check_v1`)."""
     headers = message.headers
+    if isinstance(body, dict) and "task" in body and not (isinstance(headers, dict) and "task" in headers):
+        check_v1(message, body, max_bytes)
+        return
     if body is not None or not isinstance(headers, dict) or "task" not in headers:
-        raise Malformed("a guarded task takes protocol 2 messages only: the 'task' and 'id' headers and a "
-                        "[args, kwargs, embed] body", _readable_id(body.get("id") if isinstance(body, dict) else None))
+        raise Malformed("a guarded task takes protocol 2 messages (the 'task' and 'id' headers and a "
+                        "[args, kwargs, embed] body) or protocol 1 ones (an object body with 'task', 'id', "
+                        "'args' and 'kwargs')", _readable_id(body.get("id") if isinstance(body, dict) else None))
     call_id = check_headers(headers)
-    size = len(message.body or b"")
-    if size > max_bytes:
-        raise Malformed(f"the body has {size} bytes, more than aaa_max_message_bytes={max_bytes}", call_id)
+    check_size(message, call_id, max_bytes)
     try:
         payload = message.payload
     except Exception as e:  # noqa: BLE001 - any decoder's error means the same: unreadable
@@ -137,12 +145,31 @@ def check_message(message: Any, body: Any, max_bytes: int = DEFAULT_MAX_MESSAGE_
         kind = "an object" if isinstance(payload, dict) else type(payload).__name__
         raise Malformed(f"the body is {kind}, not [args, kwargs, embed]", call_id)
     args, kwargs, embed = payload
+    check_arguments(args, kwargs, call_id)
+    if embed is not None and not isinstance(embed, dict):
+        raise Malformed(f"embed is {type(embed).__name__}, not an object", call_id)
+
+
+def check_v1(message: Any, body: dict[str, Any], max_bytes: int) -> None:
+    """A protocol 1 message, checked as Celery's worker reads it: the body's fields stand
+    for the headers (the message's own headers, where the ``aaa_`` ones would be, on top)."""
+    headers = message.headers if isinstance(message.headers, dict) else {}
+    call_id = check_headers({**{k: body[k] for k in _V1_FIELDS if k in body}, **headers})
+    check_size(message, call_id, max_bytes)
+    check_arguments(body.get("args", ()), body.get("kwargs", {}), call_id)
+
+
+def check_size(message: Any, call_id: str, max_bytes: int) -> None:
+    size = len(message.body or b"")
+    if size > max_bytes:
+        raise Malformed(f"the body has {size} bytes, more than aaa_max_message_bytes={max_bytes}", call_id)
+
+
+def check_arguments(args: Any, kwargs: Any, call_id: str) -> None:
     if not isinstance(args, list | tuple):
         raise Malformed(f"args is {type(args).__name__}, not a list", call_id)
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
         raise Malformed("kwargs is not an object with string keys", call_id)
-    if embed is not None and not isinstance(embed, dict):
-        raise Malformed(f"embed is {type(embed).__name__}, not an object", call_id)
 
 
 def settle(app: Any, task: Any, call_id: str, error: BaseException) -> bool:

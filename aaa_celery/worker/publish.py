@@ -121,11 +121,17 @@ def _when(value: Any) -> float | None:
     return when.timestamp()
 
 
+def _field(stored: dict[str, Any], name: str) -> Any:
+    """A header of a protocol 2 message; a protocol 1 message keeps it in its object body."""
+    body = stored.get("body")
+    return (stored.get("headers") or {}).get(name) or (body.get(name) if isinstance(body, dict) else None)
+
+
 def not_before(stored: dict[str, Any]) -> float | None:
     """The message's ``eta`` (countdown) as a timestamp, if it has one."""
-    return _when((stored.get("headers") or {}).get("eta"))
+    return _when(_field(stored, "eta"))
 
 
 def expires_at(stored: dict[str, Any]) -> float | None:
     """The message's ``expires`` as a timestamp, if it has one."""
-    return _when((stored.get("headers") or {}).get("expires"))
+    return _when(_field(stored, "expires"))

@@ -83,3 +83,28 @@ def test_starmap_and_chunks(compat):
     assert add.starmap([(1, 2), (3, 4)]).apply_async().get(timeout=20) == [3, 7]
     chunks = add.chunks(zip(range(4), range(4)), 2).group().apply_async()
     assert chunks.get(timeout=20) == [[0, 2], [4, 6]]
+
+
+def test_protocol_1_messages(compat):
+    """``task_protocol=1`` (Celery's older message format, which Celery 5 still sends on
+    request): a call, and a chain of groups into a chord, run as in plain Celery
+    (reproduces on 4156db8: a guarded worker refused every protocol 1 message as malformed
+    and recorded a ``ToolArgsError``; Celery's own
+    ``test_group_chains.py::test_group_results_reach_the_next_group[...-1]``)."""
+    from celery import chain, group
+
+    app = compat.app
+    add, total = app.tasks["compat.add"], app.tasks["compat.total"]
+    app.conf.task_protocol = 1
+    try:
+        result = add.delay(2, 3)
+        assert result.get(timeout=20) == 5
+        flow = chain(group(add.si(1, 1), add.si(2, 2)), group(total.s(), total.s()), total.s(), app=app)
+        assert flow.apply_async().get(timeout=30) == 12
+    finally:
+        app.conf.task_protocol = 2
+    if compat.guarded:
+        from aaa_celery.worker import app_store
+
+        outcome = app_store(app).result(result.id)
+        assert outcome is not None and outcome.ok, outcome
