@@ -48,6 +48,7 @@ from ..lifecycle import STARTED, CallSpec, Outcome
 from ..stores.base import Store
 from .broker import ABSENT, QUEUED, TAKEN, RedisBrokerProbe
 from .calls import aaa_headers, with_message
+from .codec import CODEC
 from .publish import as_sent, expires_at, not_before, republish
 from .stores import app_store
 
@@ -250,8 +251,8 @@ class Recovery:
             options: dict[str, Any] = {"task_id": call.call_id, "headers": request.get("headers") or {}}
             if request.get("queue"):
                 options["queue"] = request["queue"]
-            self.app.send_task(request["task"], args=request.get("args") or [],
-                               kwargs=request.get("kwargs") or {}, producer=self.producer, **options)
+            self.app.send_task(request["task"], args=CODEC.decode(request.get("args")) or [],
+                               kwargs=CODEC.decode(request.get("kwargs")) or {}, producer=self.producer, **options)
         self.republished += 1
         log.debug("aaa recovery republished %s (try %d: %s)", call.call_id, tries, why)
         return [call.call_id]

@@ -22,7 +22,7 @@ from ..guard import Dropped, GuardRunner, HandBack, run_unguarded
 from ..lifecycle import CallSpec
 from ..protocol import RUN_HEADER, TENANT_HEADER, check_call
 from . import calls, publish
-from .codec import result_codec
+from .codec import CODEC, result_codec
 from .control import REPLACED, control_for, raise_for
 from .events import TaskEvents
 from .install import attach
@@ -82,7 +82,8 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
                   headers: dict[str, Any]) -> CallSpec:
         """The call as the store keeps it (the same at publish time and in every attempt)."""
         key = self.key_for(call_id, headers, tuple(args), kwargs)
-        return calls.call_spec(self.name, self.audit_name or self.name, call_id, key, args, kwargs, queue, headers)
+        return calls.call_spec(self.name, self.audit_name or self.name, call_id, key, *stored_arguments(args, kwargs),
+                               queue, headers)
 
     def key_for(self, call_id: str, headers: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The call's idempotency key: the task's key function, else the default key."""
@@ -119,8 +120,8 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
             ctx = calls.context(req, key, 1)
             return run_unguarded(config, self.timeout_s, lambda: self.body(args, kwargs, ctx))
         queue = (req.delivery_info or {}).get("routing_key")
-        call = calls.call_spec(self.name, self.audit_name or self.name, req.id, key, list(args), dict(kwargs),
-                               queue, headers)
+        call = calls.call_spec(self.name, self.audit_name or self.name, req.id, key,
+                               *stored_arguments(list(args), dict(kwargs)), queue, headers)
         runner = GuardRunner(app_store(self.app), config, self.timeout_s, type(self).result_retry,
                              TaskEvents(self, self.audit_name or self.name), result_codec(config.max_result_bytes),
                              control_for(req), raise_for,
@@ -145,3 +146,10 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
                 if sent.get("message") is not None and self.guard_config.enabled:
                     self._register(req.id, req.args, req.kwargs, sent["message"], calls.aaa_headers(req))
                 raise
+
+
+def stored_arguments(args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """A call's arguments as its spec keeps them: as kombu's JSON encodes them (bytes,
+    ``datetime``, ``Decimal`` ... arrive as such from a JSON message, and the store writes
+    the spec as JSON); recovery decodes them before sending them again."""
+    return CODEC.encode(args), CODEC.encode(kwargs)

@@ -108,3 +108,19 @@ def test_protocol_1_messages(compat):
 
         outcome = app_store(app).result(result.id)
         assert outcome is not None and outcome.ok, outcome
+
+
+def test_arguments_kombu_json_decodes_to_other_types(compat):
+    """Bytes, ``Decimal`` and ``date`` arguments (kombu's JSON sends and decodes them)
+    run as in plain Celery (reproduces on 4156db8: the worker's ``begin`` wrote the call's
+    arguments with the stdlib's ``json``, its ``TypeError`` was taken for store trouble, and
+    the message went back to the queue again and again, the call never ran; Celery's own
+    ``test_canvas.py`` hung on its ``redis_echo`` tasks, which take bytes)."""
+    import datetime as dt
+    import decimal
+
+    add = compat.app.tasks["compat.add"]
+    assert add.delay(b"ab", b"cd").get(timeout=20) == b"abcd"
+    assert add.delay(decimal.Decimal("1.5"), decimal.Decimal("2.25")).get(timeout=20) == decimal.Decimal("3.75")
+    day = dt.date(2030, 1, 2)
+    assert compat.app.tasks["compat.whoami"].delay(day).get(timeout=20)["x"] == day
