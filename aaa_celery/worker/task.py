@@ -82,8 +82,7 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
                   headers: dict[str, Any]) -> CallSpec:
         """The call as the store keeps it (the same at publish time and in every attempt)."""
         key = self.key_for(call_id, headers, tuple(args), kwargs)
-        return calls.call_spec(self.name, self.audit_name or self.name, call_id, key, *stored_arguments(args, kwargs),
-                               queue, headers)
+        return calls.call_spec(self.name, self.audit_name or self.name, call_id, key, args, kwargs, queue, headers)
 
     def key_for(self, call_id: str, headers: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The call's idempotency key: the task's key function, else the default key."""
@@ -149,7 +148,9 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
 
 
 def stored_arguments(args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, Any]:
-    """A call's arguments as its spec keeps them: as kombu's JSON encodes them (bytes,
+    """A call's arguments as a worker's spec keeps them: as kombu's JSON encodes them (bytes,
     ``datetime``, ``Decimal`` ... arrive as such from a JSON message, and the store writes
-    the spec as JSON); recovery decodes them before sending them again."""
+    the spec as JSON); recovery decodes them before sending them again. (A spec registered
+    at publish keeps the message as sent instead, already encoded, and no raw arguments:
+    they may be objects the task's serializer turns into JSON, such as pydantic models.)"""
     return CODEC.encode(args), CODEC.encode(kwargs)
