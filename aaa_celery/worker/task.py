@@ -153,4 +153,18 @@ def stored_arguments(args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, Any]
     the spec as JSON); recovery decodes them before sending them again. (A spec registered
     at publish keeps the message as sent instead, already encoded, and no raw arguments:
     they may be objects the task's serializer turns into JSON, such as pydantic models.)"""
+    if _plain_json(args) and _plain_json(kwargs):
+        return args, kwargs  # the common case, and the hot path: no encoding round trip
     return CODEC.encode(args), CODEC.encode(kwargs)
+
+
+def _plain_json(value: Any) -> bool:
+    """Whether ``value`` is JSON data as it is (no type that kombu's JSON tags)."""
+    kind = type(value)
+    if value is None or kind in (str, int, float, bool):
+        return True
+    if kind in (list, tuple):
+        return all(map(_plain_json, value))
+    if kind is dict:
+        return all(type(k) is str and _plain_json(v) for k, v in value.items())
+    return False
