@@ -51,3 +51,24 @@ def raise_for(outcome: Outcome) -> BaseException:
     if outcome.error == "TaskRevokedError":
         return TaskRevokedError(outcome.message)
     return error_for(outcome)
+
+
+def raise_for_task(task: Any, call_id: str) -> Any:
+    """:func:`raise_for`, for a later delivery of a call whose body failed: the exception
+    that failure left in Celery's result backend (its own type, as Celery rebuilds it), so
+    errbacks and chords see what a plain Celery run would raise; else the recorded one."""
+
+    def raise_(outcome: Outcome) -> BaseException:
+        error = raise_for(outcome)
+        if isinstance(error, Ignore | Reject | TaskRevokedError):
+            return error
+        try:
+            meta = task.backend.get_task_meta(call_id)
+        except Exception:  # noqa: BLE001 - the store's record stands; the backend only refines it
+            return error
+        stored = meta.get("result")
+        if meta.get("status") == "FAILURE" and isinstance(stored, Exception) and type(stored).__name__ == outcome.error:
+            return stored
+        return error
+
+    return raise_

@@ -23,7 +23,7 @@ from ..lifecycle import CallSpec
 from ..protocol import RUN_HEADER, TENANT_HEADER, check_call
 from . import calls, publish
 from .codec import CODEC, result_codec
-from .control import REPLACED, control_for, raise_for
+from .control import REPLACED, control_for, raise_for_task
 from .events import TaskEvents
 from .install import attach
 from .options import GuardOptions, reconcile_step
@@ -123,7 +123,7 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
                                *stored_arguments(list(args), dict(kwargs)), queue, headers)
         runner = GuardRunner(app_store(self.app), config, self.timeout_s, type(self).result_retry,
                              TaskEvents(self, self.audit_name or self.name), result_codec(config.max_result_bytes),
-                             control_for(req), raise_for,
+                             control_for(req), raise_for_task(self, req.id),
                              reconcile_step(self, args, kwargs, lambda attempt: calls.context(req, key, attempt)))
         worker = f"{req.hostname}/{os.getpid()}/{threading.get_ident()}"
         try:

@@ -21,6 +21,10 @@ from celery import Celery
 from aaa_celery.tools import ToolContext, ToolHandler, ToolRegistry, tool
 
 
+class CompatError(Exception):
+    """An exception of the app's own (not a builtin): Celery rebuilds it by module and name."""
+
+
 def make_app(env: Mapping[str, str]) -> Celery:
     broker = env["AAA_COMPAT_BROKER"]
     guarded = env.get("AAA_COMPAT_GUARDED") == "1"
@@ -41,13 +45,13 @@ def make_app(env: Mapping[str, str]) -> Celery:
     )
     ledger: Any = None
 
-    def record(event: str, task_id: str) -> None:
+    def record(event: str, task_id: str, **fields: Any) -> None:
         nonlocal ledger
         from aaa_celery.testing import Ledger
 
         if ledger is None or ledger._redis.connection_pool.pid != os.getpid():
             ledger = Ledger(broker)
-        ledger.record(event, task_id=task_id, pid=os.getpid())
+        ledger.record(event, task_id=task_id, pid=os.getpid(), **fields)
 
     @app.task(bind=True, shared=False, name="compat.whoami")
     def whoami(self: Any, x: int) -> dict[str, Any]:
@@ -180,9 +184,13 @@ def make_app(env: Mapping[str, str]) -> Celery:
     def boom() -> None:
         raise ValueError("boom")
 
+    @app.task(shared=False, name="compat.boom_own")
+    def boom_own() -> None:
+        raise CompatError("boom", 42)
+
     @app.task(shared=False, name="compat.on_error")
     def on_error(request: Any, exc: Any, traceback: Any) -> None:
-        record("errback", request.id)
+        record("errback", request.id, error=type(exc).__name__)
 
     @app.task(bind=True, base=Hooked, shared=False, name="compat.hooked_retry")
     def hooked_retry(self: Any) -> int:

@@ -124,3 +124,23 @@ def test_arguments_kombu_json_decodes_to_other_types(compat):
     assert add.delay(decimal.Decimal("1.5"), decimal.Decimal("2.25")).get(timeout=20) == decimal.Decimal("3.75")
     day = dt.date(2030, 1, 2)
     assert compat.app.tasks["compat.whoami"].delay(day).get(timeout=20)["x"] == day
+
+
+def test_a_repeated_task_id_fails_with_its_own_exception(compat):
+    """A task id sent again after its body failed (a reapplied frozen signature does that):
+    Celery's errbacks and chords get the body's own exception type, as in plain Celery
+    (reproduces on 4156db8: the guard answered the later delivery from its record with a
+    ``ToolError``; Celery's ``test_canvas.py::test_chord::test_mutable_errback_called_by_chord_from_chain``)."""
+    import uuid
+
+    from .compat_app import CompatError
+
+    tasks = compat.app.tasks
+    task_id = f"again-{uuid.uuid4().hex[:12]}"
+    for n in (1, 2):
+        result = tasks["compat.boom_own"].apply_async(task_id=task_id, link_error=tasks["compat.on_error"].s())
+        with pytest.raises(CompatError):
+            result.get(timeout=20)
+        calls = wait_for(lambda n=n: len(compat.ledger.entries(task_id, "errback")) >= n and
+                         compat.ledger.entries(task_id, "errback"), 20, f"errback {n}")
+    assert [c["error"] for c in calls] == ["CompatError", "CompatError"]
