@@ -117,6 +117,19 @@ def error_for(outcome: Outcome) -> BaseException:
     return ToolError(f"{outcome.error}: {outcome.message}")
 
 
+#: What a store raises, or wraps (SQLAlchemy's ``StatementError.orig``), when a value
+#: does not encode: the call's own data is at fault, not the store.
+_ENCODING_ERRORS = (TypeError, ValueError, UnicodeError)
+
+
+def _encoding_error(error: BaseException) -> BaseException | None:
+    """The encoding error behind a store call's failure, if that is what it was."""
+    if isinstance(error, _ENCODING_ERRORS):
+        return error
+    orig = getattr(error, "orig", None)
+    return orig if isinstance(orig, _ENCODING_ERRORS) else None
+
+
 #: The body of one attempt: called with the attempt number, returns the value (or a
 #: coroutine of it, for an ``async def`` tool).
 Body = Callable[[int], Any]
@@ -218,6 +231,11 @@ class GuardRunner:
             try:
                 return self.store.begin(call, worker, self.config, token)
             except Exception as e:  # noqa: BLE001 - any store error (READONLY, OOM, ...) is store trouble
+                unwritable = _encoding_error(e)
+                if unwritable is not None:
+                    # The call itself cannot be written (its spec does not encode): no retry
+                    # can help, and handing the message back would bring it back forever.
+                    raise self._unwritable(call, unwritable) from e
                 # Never run without a claim, and never make store trouble the call's result.
                 _log_trouble("begin", call.call_id, e)
                 if time.monotonic() >= give_up:
@@ -225,6 +243,18 @@ class GuardRunner:
                     raise HandBack("aaa store unavailable at begin") from None
                 time.sleep(max(0.0, min(delay - (time.monotonic() - started), give_up - time.monotonic())))
                 delay = min(delay * 2, 2.0)
+
+    def _unwritable(self, call: CallSpec, error: BaseException) -> BaseException:
+        """A call the store cannot write fails once: its failure becomes its recorded result
+        (when it was registered; nothing ran), and the caller gets that error."""
+        outcome = Outcome.failure(type(error).__name__, f"the guard could not record this call: {error}", 0)
+        log.error("aaa: call %s cannot be written to the store (%s: %s); it fails without running",
+                  call.call_id, type(error).__name__, error)
+        try:
+            self.store.abandon(CallSpec(call.call_id, call.name), outcome)
+        except Exception as e:  # noqa: BLE001 - best effort: the caller hears the error either way
+            _log_trouble("abandon", call.call_id, e)
+        return self.raise_for(outcome)
 
     def attempt(self, call: CallSpec, lease: Lease, body: Body) -> Any:
         """Run a claimed attempt under its watchdog and record its outcome. The heartbeat
