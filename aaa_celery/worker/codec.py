@@ -1,6 +1,6 @@
-"""Results kept in the store as kombu's JSON encodes them, so a guarded task may return
-whatever a plain Celery task may (``datetime``, ``Decimal``, ``UUID``, bytes ...), and
-no larger than the guard's ``max_result_bytes``."""
+"""Results and arguments kept in the store as kombu's JSON encodes them, so a guarded task
+may take and return whatever a plain Celery task may (``datetime``, ``Decimal``, ``UUID``,
+bytes ...); results no larger than the guard's ``max_result_bytes``."""
 
 from __future__ import annotations
 
@@ -68,3 +68,26 @@ def result_codec(max_bytes: int | None) -> KombuJSON:
     if codec is None:
         codec = _SIZED[max_bytes] = SizedJSON(max_bytes)
     return codec
+
+
+def stored_arguments(args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """A call's arguments as a worker's spec keeps them: as kombu's JSON encodes them (bytes,
+    ``datetime``, ``Decimal`` ... arrive as such from a JSON message, and the store writes
+    the spec as JSON); recovery decodes them before sending them again. (A spec registered
+    at publish keeps the message as sent instead, already encoded, and no raw arguments:
+    they may be objects the task's serializer turns into JSON, such as pydantic models.)"""
+    if _plain_json(args) and _plain_json(kwargs):
+        return args, kwargs  # the common case, and the hot path: no encoding round trip
+    return CODEC.encode(args), CODEC.encode(kwargs)
+
+
+def _plain_json(value: Any) -> bool:
+    """Whether ``value`` is JSON data as it is (no type that kombu's JSON tags)."""
+    kind = type(value)
+    if value is None or kind in (str, int, float, bool):
+        return True
+    if kind in (list, tuple):
+        return all(map(_plain_json, value))
+    if kind is dict:
+        return all(type(k) is str and _plain_json(v) for k, v in value.items())
+    return False

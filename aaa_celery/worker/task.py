@@ -22,7 +22,7 @@ from ..guard import Dropped, GuardRunner, HandBack, run_unguarded
 from ..lifecycle import CallSpec
 from ..protocol import RUN_HEADER, TENANT_HEADER, check_call
 from . import calls, publish
-from .codec import CODEC, result_codec
+from .codec import result_codec, stored_arguments
 from .control import REPLACED, control_for, raise_for_task
 from .events import TaskEvents
 from .install import attach
@@ -146,25 +146,3 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
                     self._register(req.id, req.args, req.kwargs, sent["message"], calls.aaa_headers(req))
                 raise
 
-
-def stored_arguments(args: list[Any], kwargs: dict[str, Any]) -> tuple[Any, Any]:
-    """A call's arguments as a worker's spec keeps them: as kombu's JSON encodes them (bytes,
-    ``datetime``, ``Decimal`` ... arrive as such from a JSON message, and the store writes
-    the spec as JSON); recovery decodes them before sending them again. (A spec registered
-    at publish keeps the message as sent instead, already encoded, and no raw arguments:
-    they may be objects the task's serializer turns into JSON, such as pydantic models.)"""
-    if _plain_json(args) and _plain_json(kwargs):
-        return args, kwargs  # the common case, and the hot path: no encoding round trip
-    return CODEC.encode(args), CODEC.encode(kwargs)
-
-
-def _plain_json(value: Any) -> bool:
-    """Whether ``value`` is JSON data as it is (no type that kombu's JSON tags)."""
-    kind = type(value)
-    if value is None or kind in (str, int, float, bool):
-        return True
-    if kind in (list, tuple):
-        return all(map(_plain_json, value))
-    if kind is dict:
-        return all(type(k) is str and _plain_json(v) for k, v in value.items())
-    return False
