@@ -98,7 +98,9 @@ def test_a_revoked_call_is_never_run_not_even_after_a_restart(compat):
         with pytest.raises(TaskRevokedError):
             again.get(timeout=10)
     else:
-        assert len(compat.starts(result.id)) == 1  # plain Celery runs what it was not told to revoke
+        # plain Celery runs what a worker was not told to revoke: the copy, and, when the
+        # restart put the held countdown message back before it was acked, the original too
+        assert len(compat.starts(result.id)) >= 1
 
 
 def test_terminating_a_running_call_records_it_as_revoked(compat):
