@@ -9,7 +9,6 @@ extra context is keyword-only and optional.
 from __future__ import annotations
 
 import re
-
 from typing import Any
 
 

@@ -97,11 +97,13 @@ class Rule(BaseModel):
                 raise ValueError("must be a non-empty list of names or globs, e.g. ['refund', 'pay_*']")
         return value
 
+    def covers(self, tool: str) -> bool:
+        """Whether this rule is about ``tool`` (for some tenant)."""
+        return any(fnmatchcase(tool, p) for p in self.tools)
+
     def applies(self, tool: str, tenant: str | None) -> bool:
         """Whether this rule is about ``tool`` called for ``tenant``."""
-        return any(fnmatchcase(tool, p) for p in self.tools) and any(
-            fnmatchcase(tenant or "", p) for p in self.tenants
-        )
+        return self.covers(tool) and any(fnmatchcase(tenant or "", p) for p in self.tenants)
 
     @property
     def label(self) -> str:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from celery import states
@@ -66,7 +64,7 @@ def fact_from_record(call_id: str, name: str, celery_fact: ToolFact, recorded: A
         if recorded.ok:
             return ToolFact(call_id, name, True, recorded.value)
         kind = recorded.error or celery_fact.error or "ToolError"
-        return dataclasses.replace(celery_fact, error=kind,
+        return replace(celery_fact, error=kind,
                                    message=model_message(kind, recorded.message or celery_fact.message or ""))
     return None if begun else celery_fact
 

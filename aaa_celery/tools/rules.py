@@ -15,7 +15,6 @@ is 100). Arguments that do not validate are left to the tool, which fails the ca
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
 from typing import Any
 
 from celery.exceptions import Reject
@@ -91,7 +90,7 @@ def refuse_secret_paths(policy: Any, tool: str, secrets: frozenset[str]) -> None
     if not secrets:
         return
     for rule in policy.rules:
-        if not any(fnmatchcase(tool, p) for p in rule.tools):
+        if not rule.covers(tool):
             continue
         if isinstance(rule, Where):
             paths = [parse_check(rule.check)[0]]
@@ -105,4 +104,3 @@ def refuse_secret_paths(policy: Any, tool: str, secrets: frozenset[str]) -> None
                     f"guards: rule {rule.label!r} reads {path!r}, a secret argument of tool {tool!r}: its "
                     f"denials and budget keys would hold the secret in clear; check it inside the tool instead"
                 )
-

@@ -145,4 +145,3 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
                 if sent.get("message") is not None and self.guard_config.enabled:
                     self._register(req.id, req.args, req.kwargs, sent["message"], calls.aaa_headers(req))
                 raise
-
