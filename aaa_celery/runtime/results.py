@@ -9,6 +9,7 @@ from typing import Any
 from celery import states
 
 from ..errors import OUTCOME_UNKNOWN_MESSAGE
+from ..lifecycle import Outcome
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ def fact_from_celery(call_id: str, name: str, state: str, result: Any) -> ToolFa
     return None
 
 
-def fact_from_record(call_id: str, name: str, celery_fact: ToolFact, recorded: Any, begun: bool) -> ToolFact | None:
+def fact_from_record(call_id: str, name: str, celery_fact: ToolFact, recorded: Outcome | None,
+                     begun: bool) -> ToolFact | None:
     """The fact for a call Celery reports failed, once the guard's store was asked (one truth:
     the store's record wins over a Celery state it contradicts). ``recorded`` is the call's
     recorded outcome (a ``lifecycle.Outcome``) or None; ``begun``: whether the store has seen
@@ -61,12 +63,19 @@ def fact_from_record(call_id: str, name: str, celery_fact: ToolFact, recorded: A
     a FAILURE from outside the guard (a hard time limit, a lost worker) is not its outcome.
     A call the store never saw keeps Celery's fact (it failed before the guard ran it)."""
     if recorded is not None:
-        if recorded.ok:
-            return ToolFact(call_id, name, True, recorded.value)
-        kind = recorded.error or celery_fact.error or "ToolError"
-        return replace(celery_fact, error=kind,
-                                   message=model_message(kind, recorded.message or celery_fact.message or ""))
+        if not recorded.ok:  # a record without a type or a text keeps Celery's
+            recorded = replace(recorded, error=recorded.error or celery_fact.error or "ToolError",
+                               message=recorded.message or celery_fact.message or "")
+        return fact_from_outcome(call_id, name, recorded)
     return None if begun else celery_fact
+
+
+def fact_from_outcome(call_id: str, name: str, outcome: Outcome) -> ToolFact:
+    """The fact of a call whose result the store recorded (as the worker would have answered it)."""
+    if outcome.ok:
+        return ToolFact(call_id, name, True, outcome.value)
+    message = model_message(outcome.error or "", outcome.message)
+    return ToolFact(call_id, name, False, error=outcome.error, message=message)
 
 
 def failed(call_id: str, name: str, error: BaseException) -> ToolFact:

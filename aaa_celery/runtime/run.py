@@ -15,11 +15,10 @@ from ..llm.types import LLMRequest, LLMResponse, ToolCall
 from ..protocol import mint_call_id
 from .approvals import APPROVAL_DENIED, APPROVAL_GRANTED, DENIED_MESSAGE, PendingApproval
 from .asking import RunApprovals
-from .results import ToolFact, failed
+from .results import ToolFact, fact_from_outcome, failed
 from .runstate import (
     RunRecord,
     RunWriter,
-    fact_from_outcome,
     off_loop,
     response_from_dict,
     response_to_dict,

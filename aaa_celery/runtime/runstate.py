@@ -18,11 +18,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..lifecycle import Outcome
 from ..llm.types import LLMResponse, ToolCall, Usage
 from ..stores.runs import RunRecord, RunRecords, run_key
 from .approvals import PendingApproval
-from .results import ToolFact, model_message
 
 if TYPE_CHECKING:
     from ..stores.base import Store
@@ -72,14 +70,6 @@ def response_from_dict(data: dict[str, Any]) -> LLMResponse:
         tuple(ToolCall(c["name"], c["arguments"], c["id"], c.get("error")) for c in data.get("tool_calls", ())),
         Usage(**usage) if usage else None,
     )
-
-
-def fact_from_outcome(call_id: str, name: str, outcome: Outcome) -> ToolFact:
-    """The fact of a call whose result the store recorded (as the worker would have answered it)."""
-    if outcome.ok:
-        return ToolFact(call_id, name, True, outcome.value)
-    message = model_message(outcome.error or "", outcome.message)
-    return ToolFact(call_id, name, False, error=outcome.error, message=message)
 
 
 async def off_loop(inline: bool, fn: Callable[..., T], *args: Any) -> T:
@@ -198,5 +188,5 @@ def stored_approval(data: dict[str, Any]) -> PendingApproval:
     )
 
 
-__all__ = ["RunRecord", "RunWriter", "algo_name", "fact_from_outcome", "holder_name", "keeps_runs", "off_loop",
+__all__ = ["RunRecord", "RunWriter", "algo_name", "holder_name", "keeps_runs", "off_loop",
            "response_from_dict", "response_to_dict", "run_key", "stored_approval"]
