@@ -58,8 +58,10 @@ class _Call:
     def state(self, now: float) -> CallState:
         token = self.lease.token if self.lease is not None else ""
         if not self.live(now):
-            fenced = event_id(self.spec.call_id, FENCED, self.attempts)
-            cause = next((str(e.data.get("cause") or "") for e in self.events if e.id == fenced), "")
+            cause = ""
+            if self.attempts > 0 and self.result is None:  # a lapsed call: did its holder say why?
+                fenced = event_id(self.spec.call_id, FENCED, self.attempts)
+                cause = next((str(e.data.get("cause") or "") for e in self.events if e.id == fenced), "")
             return CallState(self.attempts, self.result, handed_on=self.handed_on, handed=self.handed, token=token,
                              lost_cause=cause)
         assert self.lease is not None
