@@ -186,7 +186,8 @@ class Store(RunRecords, abc.ABC):
 
     def purge(self, before: float) -> int:
         """Delete the calls with a result first seen before ``before`` (store clock), with
-        their events; returns how many. Calls without a result are kept."""
+        everything kept of them (events, result, checkpoint, recovery count); returns how
+        many. Calls without a result are kept."""
         raise NotImplementedError(f"{type(self).__name__} cannot purge calls")
 
     # -- Budgets (aaa_celery.stores.budgets; GuardPolicy's Budget and RateLimit rules) ------

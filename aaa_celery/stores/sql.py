@@ -623,7 +623,7 @@ class SQLStore(Store):
         while True:
             with self._write() as conn:
                 ids = list(conn.execute(select_finished_before(before, _PAGE)).scalars())
-                for table in (events, results, recoveries, calls):
+                for table in (events, results, recoveries, checkpoints, calls):
                     conn.execute(table.delete().where(table.c.call_id.in_(ids)))
             purged += len(ids)
             if len(ids) < _PAGE:

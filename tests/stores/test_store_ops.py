@@ -145,6 +145,28 @@ def test_purge_deletes_finished_calls_seen_before_the_cutoff_only(store_factory)
     assert store.purge(cutoff) == 0
 
 
+def test_purge_leaves_nothing_of_a_call_behind(store_factory):
+    """Issue 20: the SQL purge deleted events, results, recoveries and calls but not
+    ``aaa_checkpoints``, so a purged call id still read its old checkpoint."""
+    from aaa_celery.lifecycle import checkpoint_json
+
+    store = store_factory()
+    call = new_call()
+    lease = claim(store, call, "w1", config()).lease
+    assert store.save_checkpoint(lease, checkpoint_json(1, {"page": 3}))
+    store.finish(lease, Outcome.success(1), config())
+    time.sleep(0.05)
+
+    assert store.purge(store.now()) == 1
+
+    assert store.result(call.call_id) is None and store.events(call.call_id) == []
+    assert store.last_checkpoint(call.call_id) is None
+    assert call.call_id not in records(store)
+    # the id starts afresh: attempt 1, and no checkpoint of the purged call for it to read
+    again = claim(store, call, "w2", config()).lease
+    assert again.attempt == 1 and store.last_checkpoint(call.call_id) is None
+
+
 def test_settle_replaces_only_the_expected_result_and_audits(store_factory, lose_lease):
     from aaa_celery.lifecycle import Draft
 
