@@ -1,6 +1,6 @@
 """aaa_celery: make side-effecting Celery tasks safe on fleets that crash, stall and redeliver."""
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .config import Delivery, GuardConfig, GuardPolicy, LostLease, RetryPolicy
 from .context import ToolContext
@@ -20,8 +20,9 @@ from .stores import Store, open_store
 
 if TYPE_CHECKING:
     from .worker import GuardedTask, install
+del TYPE_CHECKING
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     # the guard on Celery
@@ -50,7 +51,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     # The Celery side loads on first use, so importing the pure modules
     # (``aaa_celery.lifecycle``, ``aaa_celery.config``) never loads Celery.
     if name in ("GuardedTask", "install"):
@@ -58,3 +59,8 @@ def __getattr__(name: str) -> Any:
 
         return getattr(worker, name)
     raise AttributeError(f"module 'aaa_celery' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The public names, not the submodules that importing leaves behind as attributes.
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})

@@ -36,8 +36,6 @@ the file named by ``AAA_READY_FILE`` (:mod:`.ready`). Log lines containing
 :mod:`aaa_celery.chaos` is built on these helpers; nothing here imports it.
 """
 
-from __future__ import annotations
-
 from .checker import Call, Violation, check_history
 from .faults import Frozen, duplicate_delivery, freeze, kill9, kill_child, pid_alive, pool_children
 from .fleet import Fleet, WorkerProcess, wait_for
@@ -60,3 +58,8 @@ __all__ = [
     "pool_children",
     "wait_for",
 ]
+
+
+def __dir__() -> list[str]:
+    # The public names, not the submodules that importing leaves behind as attributes.
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})

@@ -37,3 +37,8 @@ __all__ = [
     "ExecutionAbandoned",
     "PolicyDenied",
 ]
+
+
+def __dir__() -> list[str]:
+    # The public names, not the submodules that importing leaves behind as attributes.
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})

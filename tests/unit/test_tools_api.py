@@ -38,6 +38,42 @@ def test_public_names_of_aaa_celery_are_frozen():
     )
 
 
+def test_public_names_of_aaa_celery_runtime_and_testing_are_frozen():
+    import aaa_celery.runtime as runtime
+    import aaa_celery.testing as testing
+
+    assert sorted(runtime.__all__) == sorted(
+        [
+            "Engine", "RunHandle", "RunOutcome", "ToolFact", "ANY_TENANT",
+            "SyncEngine", "SyncRunHandle",
+            "PendingApproval", "APPROVAL_GRANTED", "APPROVAL_DENIED",
+        ]
+    )
+    assert sorted(testing.__all__) == sorted(
+        [
+            "Call", "EffectLedger", "Violation", "check_history", "Fleet", "Frozen", "Ledger",
+            "WorkerProcess", "duplicate_delivery", "freeze", "kill9", "kill_child", "pid_alive",
+            "pool_children", "wait_for",
+        ]
+    )
+
+
+@pytest.mark.parametrize("module", ["aaa_celery", "aaa_celery.tools", "aaa_celery.runtime", "aaa_celery.testing"])
+def test_dir_of_a_public_package_shows_only_its_public_names(module):
+    # issue 19: dir(aaa_celery) showed typing's Any and TYPE_CHECKING and every submodule
+    # imported so far (config, errors, stores...); a user's tab completion offered them all.
+    import importlib
+
+    mod = importlib.import_module(module)
+    importlib.import_module("aaa_celery.lifecycle")  # a submodule imported later is no public name either
+    shown = [n for n in dir(mod) if not n.startswith("__")]
+    assert shown == sorted(mod.__all__)
+    for name in mod.__all__:
+        assert getattr(mod, name) is not None
+    # the submodules stay importable and reachable as attributes, as before
+    assert importlib.import_module("aaa_celery.config").GuardConfig is aaa_celery.config.GuardConfig
+
+
 def test_signatures_and_defaults_match_the_spec():
     sig = inspect.signature(Tool)
     defaults = {k: p.default for k, p in sig.parameters.items() if p.default is not p.empty}
