@@ -197,7 +197,10 @@ def call_id(tenant: str | None, run_id: str, local: str | None = None) -> str:
 
 
 def arguments_digest(tool: str, arguments: Any) -> str:
-    """A stable 64-bit hex digest of a tool's name and arguments (canonical JSON)."""
+    """A stable 64-bit hex digest of a tool's name and arguments (canonical JSON).
+
+    Unkeyed, so ``arguments`` must hold nothing secret: the engine passes them with every
+    secret left out (``Tool.identity``), since the id is shown in logs, events and keys."""
     try:
         shown = json.dumps([tool, arguments], sort_keys=True, separators=(",", ":"), default=repr)
     except (TypeError, ValueError, RecursionError):  # keys of mixed types, too deep: still one digest

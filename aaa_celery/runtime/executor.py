@@ -76,6 +76,11 @@ class ToolExecutor:
         t = self.registry.get(name)
         return t.shown(arguments, self.handlers[t.name].guards) if t is not None else "<refused: unknown tool>"
 
+    def identity(self, name: str, arguments: Any) -> Any:
+        """What a call's id digests of its raw arguments: nothing secret (see ``Tool.identity``)."""
+        t = self.registry.get(name)
+        return t.identity(arguments) if t is not None else arguments
+
     def keepable_turn(self, turn: dict[str, Any], *, opened: bool = False) -> dict[str, Any]:
         """A recorded model turn (``response_to_dict``) with its tool calls' secret arguments
         sealed (``opened``: opened again, to replay it); see :mod:`aaa_celery.tools.secrets`."""

@@ -306,11 +306,14 @@ class RunHandle:
 
         Each call gets an id of the engine's (:func:`~aaa_celery.protocol.mint_call_id`):
         this run's tenant and id, the number of this ``call_tools`` in the run (its turn),
-        the call's position in ``calls``, and a digest of its tool and arguments. The
+        the call's position in ``calls``, and a digest of its tool and arguments, secrets
+        left out (``docs/arguments-and-secrets.md``, "What a call's id is made of"). The
         model's id (``ToolCall.id``) only threads the fact back to the model's message.
         """
         turn, self._turns = self._turns, self._turns + 1
-        ids = [mint_call_id(self.tenant, self.run_id, turn, n, c.name, c.arguments) for n, c in enumerate(calls)]
+        tools = self.engine.tools
+        ids = [mint_call_id(self.tenant, self.run_id, turn, n, c.name, tools.identity(c.name, c.arguments))
+               for n, c in enumerate(calls)]
         return list(await asyncio.gather(*(self._call(call_id, c) for call_id, c in zip(ids, calls, strict=True))))
 
     async def _call(self, call_id: str, call: ToolCall) -> ToolFact:

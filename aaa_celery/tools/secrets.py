@@ -110,6 +110,19 @@ def clear_value(value: Any) -> str:
     return value.get_secret_value() if isinstance(value, SecretStr) else str(value)
 
 
+def without_secrets(arguments: Any, secrets: frozenset[str], fields: frozenset[str]) -> Any:
+    """A model's raw ``arguments`` with nothing that may hold a secret: what the digest in a
+    call id is made of. Each secret parameter, and any key that is no parameter (a
+    misspelt secret is no secret to the schema), stands as ``"**********"``; arguments that
+    are not an object become their type's name. A tool without secrets keeps its
+    arguments as they are (so the ids of its calls are those of earlier releases)."""
+    if not secrets:
+        return arguments
+    if not isinstance(arguments, dict):
+        return f"<{type(arguments).__name__}>"
+    return {k: REDACTED if k in secrets or k not in fields else v for k, v in arguments.items()}
+
+
 def is_sealed(value: Any) -> bool:
     return isinstance(value, dict) and len(value) == 1 and isinstance(value.get(SEALED), str)
 

@@ -15,7 +15,7 @@ from ..context import ToolContext
 from ..errors import ConfigError, ToolArgsError
 from . import args as _args
 from .args import CheckedArgs
-from .secrets import secret_params
+from .secrets import secret_params, without_secrets
 
 
 def _context_param(fn: Callable[..., Any], hints: dict[str, Any]) -> str | None:
@@ -134,6 +134,11 @@ class Tool:
             return self.check(arguments, policy).shown
         except ToolArgsError as e:
             return f"<refused: {e}>"
+
+    def identity(self, arguments: Any) -> Any:
+        """What identifies a call with these raw ``arguments`` in its id: the arguments
+        without their secrets (:func:`~aaa_celery.tools.secrets.without_secrets`)."""
+        return without_secrets(arguments, self.secrets, frozenset(self.args_model.model_fields))
 
     def key_for(self, arguments: dict[str, Any], default: str) -> str:
         """The idempotency key of a call with these arguments (canonical, secrets redacted)."""
