@@ -135,17 +135,20 @@ def _key_from_env(env: str, owner: str) -> str:
 
 def arguments_of(name: str, raw: Any, *, text: bool) -> tuple[dict[str, Any], str | None]:
     """A model's tool-call arguments (JSON ``text``, else an object) as a dict, or
-    ``({}, why)`` when they are malformed; the run turns ``why`` into a ``ToolArgsError`` fact."""
+    ``({}, why)`` when they are malformed; the run turns ``why`` into a ``ToolArgsError`` fact.
+
+    ``why`` names the problem (its kind, its position) and never quotes the model's text:
+    it may hold a secret argument, and ``why`` is shown in events, pages and the store."""
     if text and isinstance(raw, str):
         if not raw.strip():
             return {}, None  # some servers send "" for a call without arguments
         try:
             raw = json.loads(raw)
         except json.JSONDecodeError as e:
-            shown = raw if len(raw) <= 200 else raw[:200] + "…"
-            return {}, f"{name}: the arguments are not valid JSON ({e.msg} at char {e.pos}): {shown}"
+            return {}, (f"{name}: the arguments are not valid JSON ({e.msg} at char {e.pos} of {len(raw)}, "
+                        f"line {e.lineno} column {e.colno})")
     if not isinstance(raw, dict):
-        return {}, f"{name}: the arguments must be a JSON object, got {type(raw).__name__}: {str(raw)[:200]}"
+        return {}, f"{name}: the arguments must be a JSON object, got {type(raw).__name__}"
     return raw, None
 
 
