@@ -242,7 +242,7 @@ def run_redis(sizes: list[int], k: int) -> list[dict[str, Any]]:
 
 
 def run_postgres(sizes: list[int], k: int, max_connections: int) -> list[dict[str, Any]]:
-    from aaa_celery.stores.postgres import PostgresStore
+    from aaa_celery.stores.sql.postgres import PostgresStore
 
     BigPostgres.max_connections = max_connections
     headroom = k + 20  # the probe's own leases, the pool, the sweep, our reset connection

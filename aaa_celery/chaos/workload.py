@@ -580,7 +580,7 @@ class ChaosRun:
             return
         import psycopg
 
-        from ..stores.sql import calls as calls_table
+        from ..stores.sql.schema import calls as calls_table
 
         url = "postgresql://" + store.split("://", 1)[1]
         with psycopg.connect(url, autocommit=True) as con:

@@ -22,7 +22,7 @@ supervisor pool can never starve the pool its children need. The embedded
 worker reserves threads for every pool the same way.
 
 The engine is asyncio. From synchronous code (a Flask or Django view) use
-:class:`~aaa_celery.runtime.SyncEngine` (or ``engine.start_sync()``).
+:class:`~aaa_celery.runtime.SyncEngine` (``SyncEngine(engine)``).
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ if TYPE_CHECKING:
     from ..lifecycle import Event, Outcome
     from ..stores import Store
     from .runstate import RunRecord
-    from .sync import SyncEngine
 
 
 class Engine:
@@ -176,12 +175,6 @@ class Engine:
         if tasks:
             await asyncio.wait(tasks, timeout=10)
         await off_loop(False, self._stop_worker)
-
-    def start_sync(self) -> SyncEngine:
-        """This engine behind a synchronous facade (for WSGI apps); see :class:`SyncEngine`."""
-        from .sync import SyncEngine
-
-        return SyncEngine(self)
 
     def _ensure_worker(self) -> None:
         if self.embedded and self._worker is None:

@@ -17,9 +17,9 @@ BACKENDS: dict[str, str] = {
     # Redis Cluster, from one seed node: same store, a RedisCluster client.
     "redis+cluster": "aaa_celery.stores.redis:RedisStore",
     "rediss+cluster": "aaa_celery.stores.redis:RedisStore",
-    "postgresql": "aaa_celery.stores.postgres:PostgresStore",
-    "postgresql+psycopg": "aaa_celery.stores.postgres:PostgresStore",
-    "sqlite": "aaa_celery.stores.sqlite:SQLiteStore",
+    "postgresql": "aaa_celery.stores.sql.postgres:PostgresStore",
+    "postgresql+psycopg": "aaa_celery.stores.sql.postgres:PostgresStore",
+    "sqlite": "aaa_celery.stores.sql.sqlite:SQLiteStore",
 }
 
 

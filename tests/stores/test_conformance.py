@@ -730,7 +730,8 @@ def _stored_trail(store, call_id: str) -> str:
     """The call's audit trail exactly as the backend keeps it (not as ``events()`` joins it)."""
     from aaa_celery.stores.memory import MemoryStore
     from aaa_celery.stores.redis import RedisStore
-    from aaa_celery.stores.sql import SQLStore, select_events
+    from aaa_celery.stores.sql import SQLStore
+    from aaa_celery.stores.sql.queries import select_events
 
     if isinstance(store, MemoryStore):
         return repr([e.data for e in store._calls[call_id].events])

@@ -31,7 +31,7 @@ from aaa_celery.lifecycle import (
     Stale,
 )
 from aaa_celery.stores import open_store
-from aaa_celery.stores.postgres import PostgresStore, check_session_pinned, key_halves, lock_key
+from aaa_celery.stores.sql.postgres import PostgresStore, check_session_pinned, key_halves, lock_key
 
 pytestmark = pytest.mark.postgres
 
@@ -144,7 +144,7 @@ def test_kill_9_holder_process_frees_the_lease_at_once(stores, postgres_url):
         import time
         from aaa_celery.config import GuardConfig
         from aaa_celery.lifecycle import CallSpec
-        from aaa_celery.stores.postgres import PostgresStore
+        from aaa_celery.stores.sql.postgres import PostgresStore
         store = PostgresStore({postgres_url!r})
         got = store.begin(CallSpec({call.call_id!r}), "doomed", GuardConfig())
         print(got.lease.attempt, flush=True)

@@ -31,7 +31,7 @@ from aaa_celery.lifecycle import (
 )
 from aaa_celery.stores import open_store
 from aaa_celery.stores.memory import MemoryStore
-from aaa_celery.stores.sqlite import SQLiteStore
+from aaa_celery.stores.sql.sqlite import SQLiteStore
 
 N_CALLS = 50
 N_PROCESSES = 4

@@ -1,27 +1,12 @@
-"""What the SQL stores share: the tables, every statement by name, and the logic.
+"""The logic both SQL stores share.
 
 :class:`SQLStore` reads a call's row under a row lock inside a write
 transaction, asks :mod:`aaa_celery.lifecycle` for the writes of the operation,
-and applies them (through :mod:`._writes`, the step it shares with the memory
+and applies them (through :mod:`.._writes`, the step it shares with the memory
 store) before it commits. The two backends differ only in what makes a lease
 live: a TTL column for SQLite (:mod:`.sqlite`), a session-level advisory lock
-on a dedicated connection for PostgreSQL (:mod:`.postgres`).
-
-Tables:
-
-``aaa_calls``
-    One row a call: its spec (how to republish it), the attempt counter (the
-    fence), when it was registered, the current lease (token, worker, attempt,
-    expiry) and until when its recovery is claimed.
-``aaa_results``
-    The one result of a call, ever: ``call_id`` is the primary key.
-``aaa_events``
-    The audit trail; ``id`` orders it and ``event_id`` makes each event unique.
-``aaa_recoveries``
-    How often recovery republished a call (``tries``) since its attempt count was
-    ``attempts``: a claim counts an attempt, which restarts the count.
-``aaa_checkpoints``
-    The last checkpoint a tool saved for a call (``ctx.checkpoint``), for its next attempt.
+on a dedicated connection for PostgreSQL (:mod:`.postgres`). The tables are in
+:mod:`.schema`, the statements in :mod:`.queries`.
 """
 
 from __future__ import annotations
@@ -30,15 +15,15 @@ import abc
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
-from ..config import GuardConfig
-from ..errors import StoreUnavailable
-from ..lifecycle import (
+from ...config import GuardConfig
+from ...errors import StoreUnavailable
+from ...lifecycle import (
     BeginResult,
     CallSpec,
     FENCED,
@@ -59,269 +44,43 @@ from ..lifecycle import (
     plan_hand_on,
     plan_release,
 )
-from ._writes import CallWriter, apply
-from .base import Store, plan_abandon, recovery_hold
-from .budgets import admits, check_spend, window_of
-from .ops import RESOLVED, CallRecord, plan_resolve
-
-metadata = sa.MetaData()
-
-calls = sa.Table(
-    "aaa_calls",
-    metadata,
-    sa.Column("call_id", sa.String, primary_key=True),
-    sa.Column("spec", sa.JSON, nullable=False),
-    sa.Column("attempts", sa.Integer, nullable=False, default=0),
-    sa.Column("registered_at", sa.Double, nullable=False),
-    sa.Column("lease_token", sa.String),
-    sa.Column("lease_worker", sa.String),
-    sa.Column("lease_attempt", sa.Integer),
-    sa.Column("lease_expires_at", sa.Double),
-    sa.Column("recovery_until", sa.Double, nullable=False, default=0.0),
-    sa.Column("handed_on", sa.Integer, nullable=False, default=0),
-    sa.Column("handed", sa.Integer, nullable=False, default=0),
+from .._writes import CallWriter, apply
+from ..base import Store, plan_abandon, recovery_hold
+from ..budgets import admits, check_spend, window_of
+from ..ops import CallRecord, plan_resolve
+from .queries import (
+    Insert,
+    PAGE,
+    claim_attempt,
+    clear_lease,
+    count_budget_spend,
+    delete_budget_tokens,
+    hand_on_attempt,
+    hold_recovery,
+    insert_budget_if_absent,
+    insert_call_if_absent,
+    insert_event_if_absent,
+    insert_result,
+    lease_holds,
+    select_budget_for_update,
+    select_budget_token,
+    select_call_for_update,
+    select_calls_page,
+    select_checkpoint,
+    select_event_data,
+    select_events,
+    select_finished_before,
+    select_recovery,
+    select_resolved,
+    select_result,
+    select_unfinished,
+    start_budget_window,
+    update_call_spec,
+    update_result,
+    upsert_checkpoint,
+    upsert_recovery,
 )
-
-results = sa.Table(
-    "aaa_results",
-    metadata,
-    sa.Column("call_id", sa.String, primary_key=True),
-    sa.Column("outcome", sa.JSON, nullable=False),
-    sa.Column("recorded_at", sa.Double, nullable=False),
-)
-
-events = sa.Table(
-    "aaa_events",
-    metadata,
-    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
-    sa.Column("event_id", sa.String, nullable=False, unique=True),
-    sa.Column("call_id", sa.String, nullable=False, index=True),
-    sa.Column("type", sa.String, nullable=False),
-    sa.Column("attempt", sa.Integer, nullable=False),
-    sa.Column("data", sa.JSON, nullable=False),
-    sa.Column("at", sa.Double, nullable=False),
-)
-
-budgets = sa.Table(
-    "aaa_budgets",
-    metadata,
-    sa.Column("budget_key", sa.String, primary_key=True),
-    sa.Column("window_no", sa.BigInteger, nullable=False),
-    sa.Column("total", sa.Double, nullable=False),
-)
-
-budget_tokens = sa.Table(
-    "aaa_budget_tokens",
-    metadata,
-    sa.Column("budget_key", sa.String, primary_key=True),
-    sa.Column("token", sa.String, primary_key=True),
-)
-
-recoveries = sa.Table(
-    "aaa_recoveries",
-    metadata,
-    sa.Column("call_id", sa.String, primary_key=True),
-    sa.Column("attempts", sa.Integer, nullable=False),
-    sa.Column("tries", sa.Integer, nullable=False),
-)
-
-checkpoints = sa.Table(
-    "aaa_checkpoints",
-    metadata,
-    sa.Column("call_id", sa.String, primary_key=True),
-    sa.Column("checkpoint", sa.Text, nullable=False),
-    sa.Column("saved_at", sa.Double, nullable=False),
-)
-
-#: ``insert`` of a dialect that has ``on_conflict_do_nothing`` (postgresql, sqlite).
-Insert = Callable[[sa.Table], Any]
-
-_NO_LEASE = {"lease_token": None, "lease_worker": None, "lease_attempt": None, "lease_expires_at": None}
-
-
-# -- Statements: every one the SQL stores run, by name -------------------------------
-
-
-def insert_call_if_absent(insert: Insert, spec: CallSpec, now: float) -> sa.Executable:
-    """Register a call unless its row exists (the row is what the row lock locks)."""
-    row = {"call_id": spec.call_id, "spec": asdict(spec), "attempts": 0, "registered_at": now}
-    row["recovery_until"] = 0.0
-    return insert(calls).values(**row).on_conflict_do_nothing(index_elements=["call_id"])
-
-
-def select_call_for_update(call_id: str, *extra: sa.ColumnElement[Any]) -> sa.Select[Any]:
-    """Read a call's row and lock it until the transaction ends (SQLite: the
-    ``BEGIN IMMEDIATE`` write lock already serializes, ``FOR UPDATE`` renders as nothing)."""
-    return sa.select(calls, *extra).where(calls.c.call_id == call_id).with_for_update()
-
-
-def update_call_spec(spec: CallSpec) -> sa.Update:
-    """Store the request of a call first registered without one."""
-    return calls.update().where(calls.c.call_id == spec.call_id).values(spec=asdict(spec))
-
-
-def claim_attempt(call_id: str, lease: Lease) -> sa.Update:
-    """Count a new attempt, give its lease to the claiming worker, and end any recovery
-    hold: the republished call was claimed, so a later crash may be recovered at once."""
-    return (
-        calls.update()
-        .where(calls.c.call_id == call_id)
-        .values(
-            attempts=lease.attempt,
-            lease_token=lease.token,
-            lease_worker=lease.worker,
-            lease_attempt=lease.attempt,
-            lease_expires_at=lease.expires_at,
-            recovery_until=0.0,
-        )
-    )
-
-
-def hand_on_attempt(call_id: str, lease: Lease, now: float) -> sa.Update:
-    """Mark the lease's attempt as the one that handed the call on, free the lease, and let
-    the call wait for its next delivery as if registered ``now``; matches no row unless
-    that lease still holds the call."""
-    return (
-        calls.update()
-        .where(calls.c.call_id == call_id, calls.c.lease_token == lease.token)
-        .values(handed_on=lease.attempt, handed=calls.c.handed + 1, registered_at=now, **_NO_LEASE)
-    )
-
-
-def clear_lease(call_id: str, token: str | None = None) -> sa.Update:
-    """Free a call's lease: any lease, or only the one with ``token``."""
-    stmt = calls.update().where(calls.c.call_id == call_id)
-    if token is not None:
-        stmt = stmt.where(calls.c.lease_token == token)
-    return stmt.values(**_NO_LEASE)
-
-
-def renew_ttl_lease(call_id: str, token: str, now: float, ttl_s: float) -> sa.Update:
-    """Push back a live TTL lease's expiry; matches no row if the lease lapsed or moved."""
-    return (
-        calls.update()
-        .where(calls.c.call_id == call_id, calls.c.lease_token == token, calls.c.lease_expires_at > now)
-        .values(lease_expires_at=now + ttl_s)
-    )
-
-
-def select_result(call_id: str) -> sa.Select[Any]:
-    """The call's recorded outcome."""
-    return sa.select(results.c.outcome).where(results.c.call_id == call_id)
-
-
-def insert_result(call_id: str, outcome: Outcome, now: float) -> sa.Insert:
-    """Record the call's one result. Only a write under the call's row lock, that found no
-    result, inserts one; a second insert would break the primary key."""
-    return results.insert().values(call_id=call_id, outcome=asdict(outcome), recorded_at=now)
-
-
-def insert_event_if_absent(insert: Insert, event: Event) -> sa.Executable:
-    """Append an audit event unless one with its id exists."""
-    row = {
-        "event_id": event.id,
-        "call_id": event.call_id,
-        "type": event.type,
-        "attempt": event.attempt,
-        "data": event.data,
-        "at": event.at,
-    }
-    return insert(events).values(**row).on_conflict_do_nothing(index_elements=["event_id"])
-
-
-def select_event_data(event_id: str) -> sa.Select[Any]:
-    """The data of one audit event, by its id."""
-    return sa.select(events.c.data).where(events.c.event_id == event_id)
-
-
-def select_events(call_id: str) -> sa.Select[Any]:
-    """A call's audit trail, oldest first."""
-    return sa.select(events).where(events.c.call_id == call_id).order_by(events.c.id)
-
-
-def select_unfinished(now: float, unclaimed_grace_s: float) -> sa.Select[Any]:
-    """Calls without a result that were claimed (and not handed on by their last attempt),
-    or registered (or handed on) longer than the grace ago; the store then drops those
-    whose lease is still live."""
-    return (
-        sa.select(calls)
-        .outerjoin(results, results.c.call_id == calls.c.call_id)
-        .where(
-            results.c.call_id.is_(None),
-            sa.or_(
-                sa.and_(calls.c.attempts > 0, calls.c.handed_on != calls.c.attempts),
-                calls.c.registered_at + unclaimed_grace_s <= now,
-            ),
-        )
-        .order_by(calls.c.registered_at, calls.c.call_id)
-    )
-
-
-def select_recovery(call_id: str) -> sa.Select[Any]:
-    """The call's republish count, with the attempt count it was counted at."""
-    return sa.select(recoveries.c.attempts, recoveries.c.tries).where(recoveries.c.call_id == call_id)
-
-
-def upsert_recovery(insert: Insert, call_id: str, attempts: int, tries: int) -> sa.Executable:
-    """Set the call's republish count (the caller holds the call's row lock)."""
-    stmt = insert(recoveries).values(call_id=call_id, attempts=attempts, tries=tries)
-    return stmt.on_conflict_do_update(index_elements=["call_id"], set_={"attempts": attempts, "tries": tries})
-
-
-def hold_recovery(call_id: str, until: float) -> sa.Update:
-    """Keep other workers from republishing the call until ``until``."""
-    return calls.update().where(calls.c.call_id == call_id).values(recovery_until=until)
-
-
-def lease_holds(call_id: str, token: str) -> sa.Select[Any]:
-    """The call's row, locked, if the lease with ``token`` is its lease (live or not: the
-    backend checks that)."""
-    return select_call_for_update(call_id).where(calls.c.lease_token == token)
-
-
-def upsert_checkpoint(insert: Insert, call_id: str, checkpoint: str, now: float) -> sa.Executable:
-    """Keep ``checkpoint`` as the call's last one."""
-    stmt = insert(checkpoints).values(call_id=call_id, checkpoint=checkpoint, saved_at=now)
-    return stmt.on_conflict_do_update(index_elements=["call_id"],
-                                      set_={"checkpoint": checkpoint, "saved_at": now})
-
-
-def select_checkpoint(call_id: str) -> sa.Select[Any]:
-    """The call's last checkpoint."""
-    return sa.select(checkpoints.c.checkpoint).where(checkpoints.c.call_id == call_id)
-
-
-def insert_budget_if_absent(insert: Insert, key: str, window: int) -> sa.Executable:
-    """Create a budget's row, empty in ``window``, unless it exists (the row lock's row)."""
-    return insert(budgets).values(budget_key=key, window_no=window, total=0.0).on_conflict_do_nothing(
-        index_elements=["budget_key"])
-
-
-def select_budget_for_update(key: str) -> sa.Select[Any]:
-    """Read a budget's window and total, and lock its row until the transaction ends."""
-    return sa.select(budgets.c.window_no, budgets.c.total).where(budgets.c.budget_key == key).with_for_update()
-
-
-def start_budget_window(key: str, window: int) -> sa.Update:
-    """Empty a budget for a new window."""
-    return budgets.update().where(budgets.c.budget_key == key).values(window_no=window, total=0.0)
-
-
-def delete_budget_tokens(key: str) -> sa.Delete:
-    """Forget the tokens counted in a budget's past window."""
-    return budget_tokens.delete().where(budget_tokens.c.budget_key == key)
-
-
-def select_budget_token(key: str, token: str) -> sa.Select[Any]:
-    """Whether ``token`` was counted in the budget's current window."""
-    return sa.select(budget_tokens.c.token).where(budget_tokens.c.budget_key == key, budget_tokens.c.token == token)
-
-
-def count_budget_spend(key: str, token: str, amount: float) -> tuple[sa.Insert, sa.Update]:
-    """Count ``amount`` for ``token`` in the budget's current window."""
-    return (budget_tokens.insert().values(budget_key=key, token=token),
-            budgets.update().where(budgets.c.budget_key == key).values(total=budgets.c.total + amount))
-
+from .schema import calls, checkpoints, events, recoveries, results
 
 # -- The store -------------------------------------------------------------------------
 
@@ -583,7 +342,7 @@ class SQLStore(Store):
         after: tuple[float, str] | None = None
         while True:
             with self._read() as conn:
-                rows = conn.execute(select_calls_page(since, until, after, _PAGE)).all()
+                rows = conn.execute(select_calls_page(since, until, after, PAGE)).all()
                 if not rows:
                     return
                 now = self.now()
@@ -594,7 +353,7 @@ class SQLStore(Store):
                 holder = (r.lease_worker or "") if r.call_id in live else None
                 yield CallRecord(r.call_id, CallSpec(**r.spec), r.registered_at, r.attempts,
                                  _outcome(r.outcome), holder, r.call_id in resolved)
-            if len(rows) < _PAGE:
+            if len(rows) < PAGE:
                 return
             after = (rows[-1].registered_at, rows[-1].call_id)
 
@@ -622,52 +381,9 @@ class SQLStore(Store):
         purged = 0
         while True:
             with self._write() as conn:
-                ids = list(conn.execute(select_finished_before(before, _PAGE)).scalars())
+                ids = list(conn.execute(select_finished_before(before, PAGE)).scalars())
                 for table in (events, results, recoveries, checkpoints, calls):
                     conn.execute(table.delete().where(table.c.call_id.in_(ids)))
             purged += len(ids)
-            if len(ids) < _PAGE:
+            if len(ids) < PAGE:
                 return purged
-
-
-# -- Operators' statements (stores/ops.py) ---------------------------------------------------
-
-#: The time index of calls (``aaa calls``, ``aaa purge``); created with the tables.
-calls_by_time = sa.Index("ix_aaa_calls_registered_at", calls.c.registered_at)
-
-#: Rows per page of ``calls()`` and per transaction of ``purge()``.
-_PAGE = 500
-
-
-def select_calls_page(since: float | None, until: float | None, after: tuple[float, str] | None,
-                      limit: int) -> sa.Select[Any]:
-    """A page of the calls registered between ``since`` and ``until``, newest first (those
-    older than ``after``, the last row of the page before), each with its result (NULL if none)."""
-    stmt = sa.select(calls, results.c.outcome).outerjoin(results, results.c.call_id == calls.c.call_id)
-    if since is not None:
-        stmt = stmt.where(calls.c.registered_at >= since)
-    if until is not None:
-        stmt = stmt.where(calls.c.registered_at <= until)
-    if after is not None:
-        stmt = stmt.where(sa.tuple_(calls.c.registered_at, calls.c.call_id) < sa.tuple_(*after))
-    return stmt.order_by(calls.c.registered_at.desc(), calls.c.call_id.desc()).limit(limit)
-
-
-def select_resolved(call_ids: Sequence[str]) -> sa.Select[Any]:
-    """Which of these calls an operator resolved."""
-    return sa.select(events.c.call_id).where(events.c.type == RESOLVED, events.c.call_id.in_(call_ids))
-
-
-def update_result(call_id: str, outcome: Outcome) -> sa.Update:
-    """Replace a call's result (an operator's resolution of a call in doubt, only)."""
-    return results.update().where(results.c.call_id == call_id).values(outcome=asdict(outcome))
-
-
-def select_finished_before(before: float, limit: int) -> sa.Select[Any]:
-    """Up to ``limit`` calls with a result, registered before ``before``."""
-    return (
-        sa.select(calls.c.call_id)
-        .join(results, results.c.call_id == calls.c.call_id)
-        .where(calls.c.registered_at < before)
-        .limit(limit)
-    )

@@ -20,11 +20,7 @@ it began (``finish`` gets only a lease), and a ``finish`` from another store
 instance costs two round trips. Each event is stored as ``{"id", "at", "event"}``:
 lifecycle's JSON of the event, and the server's time.
 
-**Connections.** Each thread runs the scripts on a connection of the client's pool
-lent to it (``_evalsha``) from its first script until the thread (or greenlet) ends:
-no pool checkout, readiness poll or ``execute_command`` layers per script. So a
-process holds one connection per live thread that used the store (mind a pool's
-``max_connections``).
+**Connections** are lent to threads (:mod:`.client`).
 
 **Shards.** Calls are spread over ``shards`` (default 16) shards: a call's shard is
 ``crc32(call_id) % shards``, and its keys, ``<p>:{<p>:<shard>}:<call_id>:<name>``
@@ -60,18 +56,16 @@ import heapq
 import itertools
 import json
 import math
-import os
 import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
-from importlib import resources
 from typing import Any, Literal
 
 import redis
 
-from ..config import GuardConfig
-from ..lifecycle import (
+from ...config import GuardConfig
+from ...lifecycle import (
     Accepted,
     BeginResult,
     Busy,
@@ -99,44 +93,20 @@ from ..lifecycle import (
     stamped,
     started_event,
 )
-from .base import Store, new_token, wrap_errors
-from .budgets import EPSILON, check_spend
-from .ops import CallRecord, plan_resolve
-from .runs_redis import RedisRuns
+from ..base import Store, new_token, wrap_errors
+from ..budgets import EPSILON, check_spend
+from ..ops import CallRecord, plan_resolve
+from .client import CLUSTER_SCHEMES, CONNECT_ERRORS, ERRORS, SOCKET_TIMEOUT_S, evalsha, lua, ms
+from .runs import RedisRuns
 
 _SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "hand_on", "register", "claim_recovery", "abandon",
             "checkpoint")
 _CALL_KEYS = ("spec", "attempts", "result", "lease", "events")
 _INDEXES = ("running", "unclaimed")
-_ERRORS = (
-    redis.ConnectionError, redis.TimeoutError,  # MaxConnectionsError is a ConnectionError
-    redis.exceptions.ClusterError,  # CLUSTERDOWN, MASTERDOWN
-    redis.exceptions.TryAgainError,  # TRYAGAIN: a slot being migrated
-    redis.exceptions.SlotNotCoveredError,
-    # READONLY: a replica (a primary demoted by a failover) cannot take the write now
-    redis.exceptions.ReadOnlyError,
-)
-#: Raised while a cluster client discovers the cluster (no seed node answers).
-_CONNECT_ERRORS = (*_ERRORS, redis.exceptions.RedisClusterException)
-#: URL scheme of a Redis Cluster -> the scheme redis-py's RedisCluster.from_url takes.
-_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 #: How many calls' specs a store remembers, to build ``finish``'s events in one round trip.
 _KNOWN_SPECS = 4096
-#: Seconds a command (and a connect) may wait on the server before it fails as
-#: StoreUnavailable: a stalled server must not hang a renewal, a ``finish`` or recovery
-#: for good. Well below the default lease TTL (15 s); the watchdog proves each lease on
-#: its own clock, so a slow renewal costs that call only, never another's heartbeat.
-SOCKET_TIMEOUT_S = 5.0
 #: Round trips an operation may take before a script that keeps asking again is a bug.
 _TRIES = 8
-
-
-def _lua(name: str) -> str:
-    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
-
-
-def _ms(seconds: float) -> int:
-    return max(1, round(seconds * 1000))
 
 
 def _json(record: CallSpec | Outcome) -> str:
@@ -171,69 +141,6 @@ def _event(raw: str) -> Event:
     """An event from its entry in the events list (``lua/_lib.lua``'s push_event)."""
     entry = json.loads(raw)
     return Draft.from_json(entry["event"]).stamp(float(entry["at"]))
-
-
-try:  # hiredis (a dependency) packs a command in C; redis-py's own packer is the fallback
-    from hiredis import pack_command as _pack
-except ImportError:  # pragma: no cover
-    _pack = None
-
-
-class _Lent:
-    """A connection of the pool lent to one thread, given back when the thread ends (its
-    thread-local slot is dropped; under gevent or eventlet, when its greenlet ends)."""
-
-    __slots__ = ("conn", "pending", "pid", "pool")
-
-    def __init__(self, pool: Any) -> None:
-        self.pool, self.pid = pool, os.getpid()
-        self.conn = pool.get_connection()
-        #: A command was sent and its reply not read (an exception came in between): the
-        #: connection is out of step, and is reconnected before it is used again.
-        self.pending = False
-
-    def __del__(self) -> None:
-        try:
-            if self.pid == os.getpid():  # never touch a connection a forked child inherited
-                if self.pending:
-                    self.conn.disconnect()
-                self.pool.release(self.conn)
-        except Exception:  # noqa: BLE001 - at interpreter exit the pool may be half gone
-            pass
-
-
-def _evalsha(client: Any, held: threading.local, script: Any, keys: list[str], args: list[Any]) -> Any:
-    """Run ``script`` by EVALSHA on the connection this thread has on loan from ``client``'s
-    pool, with the connection's retry policy and reply parser, but without
-    ``Redis.execute_command``'s layers (observability hooks, a second retry wrapper, reply
-    callbacks) and the pool's per-command checkout (a lock and a readiness ``poll``). On a
-    trivial call these cost as much CPU as the round trip itself: 60 -> 36 µs per script
-    here. A thread keeps the connection from its first script until it ends (a forked child
-    takes its own); ``close()`` ends it with the pool. Loads the script on NOSCRIPT, as
-    redis-py's ``Script`` does."""
-    lent: _Lent | None = getattr(held, "lent", None)
-    if lent is None or lent.pid != os.getpid():
-        lent = held.lent = _Lent(client.connection_pool)
-    conn = lent.conn
-    if lent.pending:
-        conn.disconnect()
-        lent.pending = False
-    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-    packed = [_pack(command)] if _pack is not None else conn.pack_command(*command)
-
-    def send() -> Any:
-        lent.pending = True
-        conn.send_packed_command(packed, check_health=False)
-        reply = conn.read_response()
-        lent.pending = False
-        return reply
-
-    try:
-        return conn.retry.call_with_retry(send, lambda error: conn.disconnect())
-    except redis.exceptions.NoScriptError:
-        lent.pending = False  # the error was the whole reply
-    # The server lost its scripts (a restart, SCRIPT FLUSH): load and run.
-    return script(keys=keys, args=args, client=client)
 
 
 class RedisStore(RedisRuns, Store):
@@ -274,7 +181,7 @@ class RedisStore(RedisRuns, Store):
         self._connect_lock = threading.Lock()
         self._held = threading.local()  # .lent: this thread's _Lent connection
         scheme, sep, rest = url.partition("://")
-        cluster_scheme = _CLUSTER_SCHEMES.get(scheme.lower())
+        cluster_scheme = CLUSTER_SCHEMES.get(scheme.lower())
         #: True when the URL names a Redis Cluster.
         self.cluster = cluster_scheme is not None
         options = {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": SOCKET_TIMEOUT_S,
@@ -289,8 +196,8 @@ class RedisStore(RedisRuns, Store):
 
     def _open(self, connect: Any) -> Any:
         client = connect()
-        prelude = _lua("_lib")
-        self._scripts = {n: client.register_script(prelude + _lua(n)) for n in _SCRIPTS}
+        prelude = lua("_lib")
+        self._scripts = {n: client.register_script(prelude + lua(n)) for n in _SCRIPTS}
         self._client = client
         return client
 
@@ -300,7 +207,7 @@ class RedisStore(RedisRuns, Store):
         connected on first use (raises StoreUnavailable if no node answers)."""
         client = self._client
         if client is None:
-            with self._connect_lock, wrap_errors(self.kind, *_CONNECT_ERRORS):
+            with self._connect_lock, wrap_errors(self.kind, *CONNECT_ERRORS):
                 client = self._client or self._open(self._connect)
         return client
 
@@ -322,11 +229,11 @@ class RedisStore(RedisRuns, Store):
         keys = [f"{call}:{k}" for k in _CALL_KEYS] + self._indexes[shard]
         keys.append(f"{call}:recovery")
         keys.append(f"{self._tags[shard]}:calls")  # the shard's time index (stores/ops.py)
-        with wrap_errors(self.kind, *_ERRORS):
+        with wrap_errors(self.kind, *ERRORS):
             client = self._redis
             if self.cluster:
                 return self._scripts[script](keys=keys, args=[call_id, *args], client=client)
-            return _evalsha(client, self._held, self._scripts[script], keys, [call_id, *args])
+            return evalsha(client, self._held, self._scripts[script], keys, [call_id, *args])
 
     def _known_spec(self, call_id: str) -> CallSpec | None:
         """The spec in force of a call, as this store last saw it (name and key only)."""
@@ -346,7 +253,7 @@ class RedisStore(RedisRuns, Store):
         state = CallState()  # a new call: its first delivery is by far the most common begin
         for _ in range(_TRIES):
             reply = self._run(
-                "begin", call.call_id, *_spec_args(call), worker, token, _ms(ttl_s), self.retention_s,
+                "begin", call.call_id, *_spec_args(call), worker, token, ms(ttl_s), self.retention_s,
                 *_begin_args(spec, worker, config, state),
             )
             kind = reply[0]
@@ -370,7 +277,7 @@ class RedisStore(RedisRuns, Store):
         return Claimed(Lease(call.call_id, reply[1], worker, token, ttl_s, reply[2] / 1000))
 
     def renew(self, lease: Lease) -> bool:
-        return bool(self._run("renew", lease.call_id, lease.token, _ms(lease.ttl_s)))
+        return bool(self._run("renew", lease.call_id, lease.token, ms(lease.ttl_s)))
 
     def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
         outcome = stamped(outcome, lease.attempt)
@@ -411,7 +318,7 @@ class RedisStore(RedisRuns, Store):
 
     def claim_recovery(self, call_id: str, worker: str, hold_s: float, max_hold_s: float | None = None) -> int:
         longest = hold_s if max_hold_s is None else max(hold_s, max_hold_s)
-        return int(self._run("claim_recovery", call_id, worker, _ms(hold_s), _ms(longest), self.retention_s))
+        return int(self._run("claim_recovery", call_id, worker, ms(hold_s), ms(longest), self.retention_s))
 
     def abandon(self, call: CallSpec, outcome: Outcome) -> bool:
         return bool(self._run("abandon", call.call_id, outcome.attempt, _json(outcome),
@@ -421,12 +328,12 @@ class RedisStore(RedisRuns, Store):
         return bool(self._run("checkpoint", lease.call_id, lease.token, checkpoint))
 
     def last_checkpoint(self, call_id: str) -> Checkpoint | None:
-        with wrap_errors(self.kind, *_ERRORS):
+        with wrap_errors(self.kind, *ERRORS):
             raw = self._redis.hget(self.key(call_id, "spec"), "checkpoint")
         return Checkpoint.from_json(raw) if raw else None
 
     def events(self, call_id: str) -> list[Event]:
-        with wrap_errors(self.kind, *_ERRORS):
+        with wrap_errors(self.kind, *ERRORS):
             pipe = self._redis.pipeline(transaction=False)  # one round trip: both keys share a slot
             pipe.lrange(self.key(call_id, "events"), 0, -1)
             pipe.get(self.key(call_id, "result"))
@@ -434,13 +341,13 @@ class RedisStore(RedisRuns, Store):
         return joined([_event(e) for e in raw], Outcome.from_json(result) if result else None)
 
     def result(self, call_id: str) -> Outcome | None:
-        with wrap_errors(self.kind, *_ERRORS):
+        with wrap_errors(self.kind, *ERRORS):
             raw = self._redis.get(self.key(call_id, "result"))
         return Outcome.from_json(raw) if raw else None
 
     def expired(self, now: float | None = None, unclaimed_grace_s: float = 60.0) -> list[CallSpec]:
         now = self.now() if now is None else now
-        with wrap_errors(self.kind, *_ERRORS):
+        with wrap_errors(self.kind, *ERRORS):
             # Non-transactional pipelines: one round trip on a server, one per node on a
             # cluster (each shard's indexes sit on the node that owns its slot).
             pipe = self._redis.pipeline(transaction=False)
@@ -456,7 +363,7 @@ class RedisStore(RedisRuns, Store):
         return [CallSpec.from_json(raw) for raw in specs if raw]
 
     def now(self) -> float:
-        with wrap_errors(self.kind, *_ERRORS):
+        with wrap_errors(self.kind, *ERRORS):
             seconds, micros = self._redis.time()
         return seconds + micros / 1_000_000
 
@@ -475,9 +382,9 @@ class RedisStore(RedisRuns, Store):
         check_spend(key, token, amount, limit, window_s)
         script = self._scripts.get("spend")
         if script is None:
-            script = self._scripts["spend"] = self._redis.register_script(_lua("spend"))
-        args = [token, repr(float(amount)), repr(float(limit)), _ms(window_s), repr(EPSILON)]
-        with wrap_errors(self.kind, *_ERRORS):
+            script = self._scripts["spend"] = self._redis.register_script(lua("spend"))
+        args = [token, repr(float(amount)), repr(float(limit)), ms(window_s), repr(EPSILON)]
+        with wrap_errors(self.kind, *ERRORS):
             return bool(script(keys=[self.budget_key(key)], args=args, client=self._redis))
 
     # -- Operators' verbs (stores/ops.py): each shard's ``calls`` index -------------------
@@ -485,14 +392,14 @@ class RedisStore(RedisRuns, Store):
     def _op(self, script: str, call_id: str, *args: Any) -> Any:
         """Run an operator's script (``lua/<script>.lua``), registered on first use."""
         if script not in self._scripts:
-            self._scripts[script] = self._redis.register_script(_lua("_lib") + _lua(script))
+            self._scripts[script] = self._redis.register_script(lua("_lib") + lua(script))
         return self._run(script, call_id, *args)
 
     def _shard_ids(self, shard: int, since_ms: str, until_ms: str) -> Iterator[tuple[float, str]]:
         """A shard's ``calls`` index between the two scores, newest first, a page at a time."""
         key, offset = f"{self._tags[shard]}:calls", 0
         while True:
-            with wrap_errors(self.kind, *_ERRORS):
+            with wrap_errors(self.kind, *ERRORS):
                 page = self._redis.zrevrangebyscore(key, until_ms, since_ms, start=offset, num=_OPS_PAGE,
                                                     withscores=True)
             yield from ((score / 1000, call_id) for call_id, score in page)
@@ -501,12 +408,12 @@ class RedisStore(RedisRuns, Store):
             offset += len(page)
 
     def calls(self, since: float | None = None, until: float | None = None) -> Iterator[CallRecord]:
-        since_ms = "-inf" if since is None else str(_ms(since))
-        until_ms = str(_ms(self.now() if until is None else until))
+        since_ms = "-inf" if since is None else str(ms(since))
+        until_ms = str(ms(self.now() if until is None else until))
         merged = heapq.merge(*(self._shard_ids(n, since_ms, until_ms) for n in range(self.shards)),
                              key=lambda entry: (-entry[0], entry[1]))
         while batch := list(itertools.islice(merged, _OPS_PAGE)):
-            with wrap_errors(self.kind, *_ERRORS):
+            with wrap_errors(self.kind, *ERRORS):
                 pipe = self._redis.pipeline(transaction=False)
                 for _, call_id in batch:
                     pipe.hmget(self.key(call_id, "spec"), "json", "resolved")
@@ -524,7 +431,7 @@ class RedisStore(RedisRuns, Store):
     def resolve(self, call_id: str, verdict: Literal["completed", "failed"], note: str, by: str,
                 value: Any = None) -> Outcome:
         for _ in range(_TRIES):
-            with wrap_errors(self.kind, *_ERRORS):
+            with wrap_errors(self.kind, *ERRORS):
                 raw_spec, raw = self._redis.hget(self.key(call_id, "spec"), "json"), \
                     self._redis.get(self.key(call_id, "result"))
             spec = CallSpec.from_json(raw_spec) if raw_spec else CallSpec(call_id)
@@ -539,11 +446,11 @@ class RedisStore(RedisRuns, Store):
         return bool(reply[0] == "resolved")
 
     def purge(self, before: float) -> int:
-        cutoff, purged = _ms(before), 0
+        cutoff, purged = ms(before), 0
         for shard in range(self.shards):
             key, offset = f"{self._tags[shard]}:calls", 0
             while True:
-                with wrap_errors(self.kind, *_ERRORS):
+                with wrap_errors(self.kind, *ERRORS):
                     ids = self._redis.zrangebyscore(key, "-inf", f"({cutoff}", start=offset, num=_OPS_PAGE)
                 kept = 0
                 for call_id in ids:

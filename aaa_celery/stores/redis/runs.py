@@ -1,4 +1,4 @@
-"""Run records in the Redis store (see :mod:`.runs`), Redis Cluster safe.
+"""Run records in the Redis store (see :mod:`..runs`), Redis Cluster safe.
 
 A run's keys and its shard's indexes carry one hash tag: the run's shard is
 ``crc32(key) % shards`` and its tag ``{<prefix>:r<shard>}``, so each script
@@ -28,8 +28,9 @@ import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .base import wrap_errors
-from .runs import FINISHED, RunRecord, RunRecords, dumps, tenant_key
+from ..base import wrap_errors
+from ..runs import FINISHED, RunRecord, RunRecords, dumps, tenant_key
+from .client import ERRORS, lua
 
 _PAGE = 200
 
@@ -71,19 +72,15 @@ class RedisRuns(RunRecords):
         return f"{self._run_tag(self._run_shard(run_id))}:named:{run_id}"
 
     def _run_script(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        from .redis import _ERRORS, _lua
-
-        with wrap_errors(self.kind, *_ERRORS):
+        with wrap_errors(self.kind, *ERRORS):
             client = self._redis
             script = self._scripts.get(name)
             if script is None:
-                script = self._scripts[name] = client.register_script(_lua(name))
+                script = self._scripts[name] = client.register_script(lua(name))
             return script(keys=keys, args=args, client=client)
 
     def _pipe(self, fill: Any) -> list[Any]:
-        from .redis import _ERRORS
-
-        with wrap_errors(self.kind, *_ERRORS):
+        with wrap_errors(self.kind, *ERRORS):
             pipe = self._redis.pipeline(transaction=False)
             fill(pipe)
             return pipe.execute()  # type: ignore[no-any-return]

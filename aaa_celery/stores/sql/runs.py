@@ -1,16 +1,5 @@
-"""Run records in the SQL stores (see :mod:`.runs`): four tables beside the calls' tables.
-
-``aaa_runs``
-    One row a run, by its key (``<tenant>:<run id>``): the record as JSON, with its run id, tenant (as an index key), times,
-    status and lease (holder, expiry: a TTL lease on both backends, renewed by the
-    driver's heartbeat).
-``aaa_run_events``
-    The run's events, primary key ``(run_key, seq)``.
-``aaa_run_turns``
-    The model's recorded answers, primary key ``(run_key, turn)``: first writer wins.
-``aaa_run_decisions``
-    Approval decisions, primary key ``(run_key, call_id, digest)``: first writer wins.
-"""
+"""Run records in the SQL stores (see :mod:`..runs`): four tables beside the calls' tables
+(:mod:`.schema`), and the statements on them."""
 
 from __future__ import annotations
 
@@ -22,49 +11,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .runs import ACTIVE, FINISHED, RunRecord, RunRecords, tenant_key
-from .sql import metadata
-
-runs = sa.Table(
-    "aaa_runs",
-    metadata,
-    sa.Column("run_key", sa.String, primary_key=True),
-    sa.Column("run_id", sa.String, nullable=False, index=True),
-    sa.Column("tenant_key", sa.String, nullable=False),
-    sa.Column("started_at", sa.Double, nullable=False),
-    sa.Column("updated_at", sa.Double, nullable=False),
-    sa.Column("status", sa.String, nullable=False),
-    sa.Column("record", sa.JSON, nullable=False),
-    sa.Column("lease_holder", sa.String),
-    sa.Column("lease_expires_at", sa.Double),
-    sa.Index("ix_aaa_runs_tenant_started", "tenant_key", "started_at", "run_key"),
-    sa.Index("ix_aaa_runs_started", "started_at", "run_key"),
-)
-
-run_events = sa.Table(
-    "aaa_run_events",
-    metadata,
-    sa.Column("run_key", sa.String, primary_key=True),
-    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("event", sa.JSON, nullable=False),
-)
-
-run_turns = sa.Table(
-    "aaa_run_turns",
-    metadata,
-    sa.Column("run_key", sa.String, primary_key=True),
-    sa.Column("turn", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("response", sa.JSON, nullable=False),
-)
-
-run_decisions = sa.Table(
-    "aaa_run_decisions",
-    metadata,
-    sa.Column("run_key", sa.String, primary_key=True),
-    sa.Column("call_id", sa.String, primary_key=True),
-    sa.Column("digest", sa.String, primary_key=True),
-    sa.Column("decision", sa.JSON, nullable=False),
-)
+from ..runs import ACTIVE, FINISHED, RunRecord, RunRecords, tenant_key
+from .schema import run_decisions, run_events, run_turns, runs
 
 _RUN_TABLES = (run_events, run_turns, run_decisions, runs)
 #: Finished runs deleted per transaction by ``purge_runs``.

@@ -1,0 +1,245 @@
+"""Every statement the SQL stores run on calls, budgets and operators' verbs, by name.
+
+Each takes plain values and returns a SQLAlchemy statement; :mod:`.store` runs them
+inside its transactions. The run records' statements sit with them in :mod:`.runs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+import sqlalchemy as sa
+
+from ...lifecycle import CallSpec, Event, Lease, Outcome
+from ..ops import RESOLVED
+from .schema import budget_tokens, budgets, calls, checkpoints, events, recoveries, results
+
+Insert = Callable[[sa.Table], Any]
+
+_NO_LEASE = {"lease_token": None, "lease_worker": None, "lease_attempt": None, "lease_expires_at": None}
+
+
+# -- Statements: every one the SQL stores run, by name -------------------------------
+
+
+def insert_call_if_absent(insert: Insert, spec: CallSpec, now: float) -> sa.Executable:
+    """Register a call unless its row exists (the row is what the row lock locks)."""
+    row = {"call_id": spec.call_id, "spec": asdict(spec), "attempts": 0, "registered_at": now}
+    row["recovery_until"] = 0.0
+    return insert(calls).values(**row).on_conflict_do_nothing(index_elements=["call_id"])
+
+
+def select_call_for_update(call_id: str, *extra: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """Read a call's row and lock it until the transaction ends (SQLite: the
+    ``BEGIN IMMEDIATE`` write lock already serializes, ``FOR UPDATE`` renders as nothing)."""
+    return sa.select(calls, *extra).where(calls.c.call_id == call_id).with_for_update()
+
+
+def update_call_spec(spec: CallSpec) -> sa.Update:
+    """Store the request of a call first registered without one."""
+    return calls.update().where(calls.c.call_id == spec.call_id).values(spec=asdict(spec))
+
+
+def claim_attempt(call_id: str, lease: Lease) -> sa.Update:
+    """Count a new attempt, give its lease to the claiming worker, and end any recovery
+    hold: the republished call was claimed, so a later crash may be recovered at once."""
+    return (
+        calls.update()
+        .where(calls.c.call_id == call_id)
+        .values(
+            attempts=lease.attempt,
+            lease_token=lease.token,
+            lease_worker=lease.worker,
+            lease_attempt=lease.attempt,
+            lease_expires_at=lease.expires_at,
+            recovery_until=0.0,
+        )
+    )
+
+
+def hand_on_attempt(call_id: str, lease: Lease, now: float) -> sa.Update:
+    """Mark the lease's attempt as the one that handed the call on, free the lease, and let
+    the call wait for its next delivery as if registered ``now``; matches no row unless
+    that lease still holds the call."""
+    return (
+        calls.update()
+        .where(calls.c.call_id == call_id, calls.c.lease_token == lease.token)
+        .values(handed_on=lease.attempt, handed=calls.c.handed + 1, registered_at=now, **_NO_LEASE)
+    )
+
+
+def clear_lease(call_id: str, token: str | None = None) -> sa.Update:
+    """Free a call's lease: any lease, or only the one with ``token``."""
+    stmt = calls.update().where(calls.c.call_id == call_id)
+    if token is not None:
+        stmt = stmt.where(calls.c.lease_token == token)
+    return stmt.values(**_NO_LEASE)
+
+
+def renew_ttl_lease(call_id: str, token: str, now: float, ttl_s: float) -> sa.Update:
+    """Push back a live TTL lease's expiry; matches no row if the lease lapsed or moved."""
+    return (
+        calls.update()
+        .where(calls.c.call_id == call_id, calls.c.lease_token == token, calls.c.lease_expires_at > now)
+        .values(lease_expires_at=now + ttl_s)
+    )
+
+
+def select_result(call_id: str) -> sa.Select[Any]:
+    """The call's recorded outcome."""
+    return sa.select(results.c.outcome).where(results.c.call_id == call_id)
+
+
+def insert_result(call_id: str, outcome: Outcome, now: float) -> sa.Insert:
+    """Record the call's one result. Only a write under the call's row lock, that found no
+    result, inserts one; a second insert would break the primary key."""
+    return results.insert().values(call_id=call_id, outcome=asdict(outcome), recorded_at=now)
+
+
+def insert_event_if_absent(insert: Insert, event: Event) -> sa.Executable:
+    """Append an audit event unless one with its id exists."""
+    row = {
+        "event_id": event.id,
+        "call_id": event.call_id,
+        "type": event.type,
+        "attempt": event.attempt,
+        "data": event.data,
+        "at": event.at,
+    }
+    return insert(events).values(**row).on_conflict_do_nothing(index_elements=["event_id"])
+
+
+def select_event_data(event_id: str) -> sa.Select[Any]:
+    """The data of one audit event, by its id."""
+    return sa.select(events.c.data).where(events.c.event_id == event_id)
+
+
+def select_events(call_id: str) -> sa.Select[Any]:
+    """A call's audit trail, oldest first."""
+    return sa.select(events).where(events.c.call_id == call_id).order_by(events.c.id)
+
+
+def select_unfinished(now: float, unclaimed_grace_s: float) -> sa.Select[Any]:
+    """Calls without a result that were claimed (and not handed on by their last attempt),
+    or registered (or handed on) longer than the grace ago; the store then drops those
+    whose lease is still live."""
+    return (
+        sa.select(calls)
+        .outerjoin(results, results.c.call_id == calls.c.call_id)
+        .where(
+            results.c.call_id.is_(None),
+            sa.or_(
+                sa.and_(calls.c.attempts > 0, calls.c.handed_on != calls.c.attempts),
+                calls.c.registered_at + unclaimed_grace_s <= now,
+            ),
+        )
+        .order_by(calls.c.registered_at, calls.c.call_id)
+    )
+
+
+def select_recovery(call_id: str) -> sa.Select[Any]:
+    """The call's republish count, with the attempt count it was counted at."""
+    return sa.select(recoveries.c.attempts, recoveries.c.tries).where(recoveries.c.call_id == call_id)
+
+
+def upsert_recovery(insert: Insert, call_id: str, attempts: int, tries: int) -> sa.Executable:
+    """Set the call's republish count (the caller holds the call's row lock)."""
+    stmt = insert(recoveries).values(call_id=call_id, attempts=attempts, tries=tries)
+    return stmt.on_conflict_do_update(index_elements=["call_id"], set_={"attempts": attempts, "tries": tries})
+
+
+def hold_recovery(call_id: str, until: float) -> sa.Update:
+    """Keep other workers from republishing the call until ``until``."""
+    return calls.update().where(calls.c.call_id == call_id).values(recovery_until=until)
+
+
+def lease_holds(call_id: str, token: str) -> sa.Select[Any]:
+    """The call's row, locked, if the lease with ``token`` is its lease (live or not: the
+    backend checks that)."""
+    return select_call_for_update(call_id).where(calls.c.lease_token == token)
+
+
+def upsert_checkpoint(insert: Insert, call_id: str, checkpoint: str, now: float) -> sa.Executable:
+    """Keep ``checkpoint`` as the call's last one."""
+    stmt = insert(checkpoints).values(call_id=call_id, checkpoint=checkpoint, saved_at=now)
+    return stmt.on_conflict_do_update(index_elements=["call_id"],
+                                      set_={"checkpoint": checkpoint, "saved_at": now})
+
+
+def select_checkpoint(call_id: str) -> sa.Select[Any]:
+    """The call's last checkpoint."""
+    return sa.select(checkpoints.c.checkpoint).where(checkpoints.c.call_id == call_id)
+
+
+def insert_budget_if_absent(insert: Insert, key: str, window: int) -> sa.Executable:
+    """Create a budget's row, empty in ``window``, unless it exists (the row lock's row)."""
+    return insert(budgets).values(budget_key=key, window_no=window, total=0.0).on_conflict_do_nothing(
+        index_elements=["budget_key"])
+
+
+def select_budget_for_update(key: str) -> sa.Select[Any]:
+    """Read a budget's window and total, and lock its row until the transaction ends."""
+    return sa.select(budgets.c.window_no, budgets.c.total).where(budgets.c.budget_key == key).with_for_update()
+
+
+def start_budget_window(key: str, window: int) -> sa.Update:
+    """Empty a budget for a new window."""
+    return budgets.update().where(budgets.c.budget_key == key).values(window_no=window, total=0.0)
+
+
+def delete_budget_tokens(key: str) -> sa.Delete:
+    """Forget the tokens counted in a budget's past window."""
+    return budget_tokens.delete().where(budget_tokens.c.budget_key == key)
+
+
+def select_budget_token(key: str, token: str) -> sa.Select[Any]:
+    """Whether ``token`` was counted in the budget's current window."""
+    return sa.select(budget_tokens.c.token).where(budget_tokens.c.budget_key == key, budget_tokens.c.token == token)
+
+
+def count_budget_spend(key: str, token: str, amount: float) -> tuple[sa.Insert, sa.Update]:
+    """Count ``amount`` for ``token`` in the budget's current window."""
+    return (budget_tokens.insert().values(budget_key=key, token=token),
+            budgets.update().where(budgets.c.budget_key == key).values(total=budgets.c.total + amount))
+
+# -- Operators' statements (stores/ops.py) ---------------------------------------------------
+
+
+#: Rows per page of ``calls()`` and per transaction of ``purge()``.
+PAGE = 500
+
+
+def select_calls_page(since: float | None, until: float | None, after: tuple[float, str] | None,
+                      limit: int) -> sa.Select[Any]:
+    """A page of the calls registered between ``since`` and ``until``, newest first (those
+    older than ``after``, the last row of the page before), each with its result (NULL if none)."""
+    stmt = sa.select(calls, results.c.outcome).outerjoin(results, results.c.call_id == calls.c.call_id)
+    if since is not None:
+        stmt = stmt.where(calls.c.registered_at >= since)
+    if until is not None:
+        stmt = stmt.where(calls.c.registered_at <= until)
+    if after is not None:
+        stmt = stmt.where(sa.tuple_(calls.c.registered_at, calls.c.call_id) < sa.tuple_(*after))
+    return stmt.order_by(calls.c.registered_at.desc(), calls.c.call_id.desc()).limit(limit)
+
+
+def select_resolved(call_ids: Sequence[str]) -> sa.Select[Any]:
+    """Which of these calls an operator resolved."""
+    return sa.select(events.c.call_id).where(events.c.type == RESOLVED, events.c.call_id.in_(call_ids))
+
+
+def update_result(call_id: str, outcome: Outcome) -> sa.Update:
+    """Replace a call's result (an operator's resolution of a call in doubt, only)."""
+    return results.update().where(results.c.call_id == call_id).values(outcome=asdict(outcome))
+
+
+def select_finished_before(before: float, limit: int) -> sa.Select[Any]:
+    """Up to ``limit`` calls with a result, registered before ``before``."""
+    return (
+        sa.select(calls.c.call_id)
+        .join(results, results.c.call_id == calls.c.call_id)
+        .where(calls.c.registered_at < before)
+        .limit(limit)
+    )
