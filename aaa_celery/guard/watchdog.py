@@ -18,6 +18,7 @@ or time runs out, it interrupts that call's body:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import ctypes
 import heapq
 import itertools
@@ -197,6 +198,34 @@ def _register_fork_hook() -> None:
         os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def run_coroutine(coro: Any) -> Any:
+    """Run ``coro`` to its end on a private event loop and return its value (or raise).
+
+    ``asyncio.run`` here when this thread runs no loop (a worker's pool); else (an eager
+    call from a running loop: an async view, pytest-asyncio) on a helper thread, in a copy
+    of this context, while this thread waits: a loop cannot be re-entered, and a sync
+    caller of an eager task expects its result when the call returns."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    context = contextvars.copy_context()
+    ended: dict[str, Any] = {}
+
+    def main() -> None:
+        try:
+            ended["value"] = context.run(asyncio.run, coro)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting caller as is
+            ended["error"] = e
+
+    helper = threading.Thread(target=main, name="aaa-coroutine", daemon=True)
+    helper.start()
+    helper.join()
+    if "error" in ended:
+        raise ended["error"]
+    return ended["value"]
+
+
 class Watchdog:
     """Heartbeat and timeout for one call, run around the tool body.
 
@@ -233,6 +262,9 @@ class Watchdog:
         self._warned = False
         self._target = threading.get_ident()
         self._on_main = threading.current_thread() is threading.main_thread()
+        #: The main thread's watchdog when this body started: an outer call whose body made
+        #: this (eager, nested) call; it is the main thread's again when this body ends.
+        self._outer: Watchdog | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[Any] | None = None
         self._deadline: float | None = None
@@ -253,7 +285,7 @@ class Watchdog:
         try:
             result = body()
             if asyncio.iscoroutine(result):
-                result = asyncio.run(self._guarded(result))
+                result = run_coroutine(self._guarded(result))
             return result
         except asyncio.CancelledError:
             if self.reason is not None:
@@ -308,7 +340,7 @@ class Watchdog:
         global _main_watchdog
         if self._on_main:
             _install_handler()
-            _main_watchdog = self
+            self._outer, _main_watchdog = _main_watchdog, self
         self._running = True
         now = time.monotonic()
         self._last_ok = now
@@ -327,7 +359,11 @@ class Watchdog:
             self._running = False
             self._deadline = None
         if self._on_main and _main_watchdog is self:
-            _main_watchdog = None
+            outer = _main_watchdog = self._outer
+            if outer is not None and outer._running and outer.reason is not None and outer._loop is None:
+                # The outer call was interrupted while this one ran (the signal found this
+                # body, not the outer one): deliver it to the outer body now.
+                signal.pthread_kill(outer._target, INTERRUPT_SIGNAL)
 
     def _wake(self) -> float | None:
         wake = float("inf")

@@ -17,7 +17,7 @@ from celery import Task
 from celery.exceptions import Ignore, Reject
 
 from ..context import ToolContext
-from ..errors import ForeignCall, StoreError
+from ..errors import ForeignCall, StoreError, StoreUnavailable
 from ..guard import Dropped, GuardRunner, HandBack, run_unguarded
 from ..lifecycle import CallSpec
 from ..protocol import RUN_HEADER, TENANT_HEADER, check_call
@@ -131,6 +131,8 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
         except Dropped:
             raise Ignore() from None  # acked without a result: the call lives on in the store
         except HandBack as e:
+            if req.is_eager:  # no broker to hand it back to: the caller sees the store trouble
+                raise StoreUnavailable(f"{e.reason}; an eager call is not tried again") from None
             raise Reject(e.reason, requeue=True) from None
 
     def replace(self, sig: Any) -> Any:
