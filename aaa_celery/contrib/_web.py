@@ -56,6 +56,11 @@ class Settings:
     ``run`` is the run concerned (a ``SyncRunHandle``; None to list or start runs), ``call`` the
     ``PendingApproval`` being approved or denied (None unless deciding). Required: without it the
     routes refuse to serve, unless ``allow_anonymous`` is set."""
+    tenant: Any = None
+    """``tenant(request) -> str | None``, or its import path: the tenant of the runs ``request``
+    starts, from the app's own knowledge of the person (their session, their account), never
+    from what the request says. A request whose body names another tenant is refused (403).
+    Unset: runs have no tenant, and a body that names one is refused (unless ``allow_anonymous``)."""
     allow_anonymous: bool = False
     """Development only: serve every route, approvals included, to anyone who can reach them (logs a
     warning). Never in production: an approval must come from a person you know."""
@@ -113,6 +118,27 @@ def check_authorize(settings: Settings) -> Callable[[Any, Any, Any], Any] | None
     return hook  # type: ignore[no-any-return]
 
 
+class TenantRefused(PermissionError):
+    """A request that names a tenant for its run other than the app's (403)."""
+
+
+def check_tenant_hook(settings: Settings) -> Callable[[Any], Any] | None:
+    """The settings' ``tenant`` hook, loaded and checked (``ConfigError`` naming the fix)."""
+    hook = load(settings.tenant)
+    if hook is None:
+        return None
+    if not callable(hook):
+        raise ConfigError(f"aaa_celery: TENANT must be a function tenant(request) -> str | None, got {hook!r}")
+    try:
+        inspect.signature(hook).bind(None)
+    except TypeError:
+        raise ConfigError(f"aaa_celery: TENANT {hook!r} must take (request): it says the tenant of the runs "
+                          f"the request starts") from None
+    except ValueError:  # no signature to read (a builtin): trust it
+        pass
+    return hook  # type: ignore[no-any-return]
+
+
 def _plain(value: Any) -> Any:
     """A JSON-ready copy (anything unknown becomes its ``str``)."""
     return json.loads(json.dumps(value, default=str))
@@ -126,6 +152,7 @@ class AgentRuns:
             raise ValueError("aaa_celery: set TOOLS (a ToolHandler) and LLM (a model client) to run agents")
         self.settings = settings
         self._authorize = check_authorize(settings)
+        self._tenant = check_tenant_hook(settings)
         ttl_s = check_ttl(settings.approval_ttl_s, "APPROVAL_TTL_S")
         self.engine = SyncEngine(Engine(app=load(settings.app), approval_ttl_s=ttl_s,
                                         run_lease_s=settings.run_lease_s, auto_resume=settings.auto_resume))
@@ -142,6 +169,29 @@ class AgentRuns:
         """Whether ``request`` may list or start runs (no ``run``), see ``run``, or decide ``call``
         (the ``authorize`` hook; True for anyone when anonymous access is allowed)."""
         return True if self._authorize is None else self._authorize(request, run, call) is True
+
+    def tenant_for(self, request: Any, named: Any = None) -> str | None:
+        """The tenant of a run ``request`` starts: the app's ``TENANT(request)``, never the request's.
+
+        ``named`` is the tenant the request's body names, if any: it must be that one.
+
+        Raises:
+            TenantRefused: ``named`` is another tenant (or there is no ``TENANT`` hook to say
+                whose the person is, and anonymous access is not allowed).
+        """
+        named = None if named in (None, "") else str(named)
+        if self._tenant is None:
+            if named is None or self.settings.allow_anonymous is True:
+                return named  # development (ALLOW_ANONYMOUS): anyone may do anything
+            raise TenantRefused(f"a run's tenant is the app's: set the TENANT hook, tenant(request) -> str, "
+                                f"to start runs in tenant {named!r}")
+        tenant = self._tenant(request)
+        if tenant is not None and not isinstance(tenant, str):
+            raise ConfigError(f"aaa_celery: TENANT must return a tenant (str) or None, got {tenant!r}")
+        if named is not None and named != tenant:
+            raise TenantRefused(f"this request may not start a run in tenant {named!r}: its tenant is the "
+                                f"app's (TENANT(request))")
+        return tenant or None
 
     def handle(self, run_id: str) -> SyncRunHandle:
         """The run ``run_id`` (``KeyError`` if this process does not know it)."""

@@ -18,12 +18,13 @@
         aaa.init_app(app)
         return app
 
-    # in a view:  aaa.runs.start("refund order A-100", tenant="acme")
+    # in a view:  aaa.runs.start("refund order A-100", tenant=current_user.tenant)
 
 Config keys (all optional but TOOLS, LLM and AUTHORIZE): ``AAA_CELERY_APP``, ``AAA_CELERY_TOOLS``,
 ``AAA_CELERY_LLM``, ``AAA_CELERY_ALGORITHM`` (default ``ToolLoop`` over every tool),
 ``AAA_CELERY_AUTHORIZE`` (``authorize(request, run, call) -> bool``: ``run`` is None to list or start
-runs, ``call`` is the pending call being approved or denied, else None), ``AAA_CELERY_ALLOW_ANONYMOUS``
+runs, ``call`` is the pending call being approved or denied, else None), ``AAA_CELERY_TENANT``
+(``tenant(request) -> str | None``: the tenant of the runs a request starts), ``AAA_CELERY_ALLOW_ANONYMOUS``
 (development only: no AUTHORIZE, anyone may approve; logs a warning), ``AAA_CELERY_APPROVAL_TTL_S``
 (default 24 h), ``AAA_CELERY_URL_PREFIX`` (default ``/aaa``). Without AUTHORIZE (and without
 ALLOW_ANONYMOUS) ``init_app`` raises ``ConfigError``. The app needs a ``SECRET_KEY``: the CSRF token of
@@ -40,7 +41,7 @@ GET      ``/``                                 page: start a run, pending approv
 GET      ``/csrf``                             JSON: ``{"csrf_token": ...}`` of this session
 GET      ``/static/aaa.js``, ``aaa.css``       the pages' script and stylesheet
 GET      ``/runs``                             JSON: every run the request may see
-POST     ``/runs``                             start: JSON or form ``task``, ``tenant``
+POST     ``/runs``                             start: JSON or form ``task`` (``tenant``: only TENANT's)
 GET      ``/runs/<run_id>``                    page: live events, Approve/Deny, attempts
 GET      ``/runs/<run_id>/events?after=N``     JSON: status, events, pending, result
 GET      ``/runs/<run_id>/attempts``           JSON: each call's audit trail from the store
@@ -79,7 +80,7 @@ from ..errors import ConfigError
 from ..runtime import PendingApproval
 from ..runtime.sync import SyncRunHandle
 from ._pages import SECURITY_HEADERS, static, template
-from ._web import AgentRuns, Settings
+from ._web import AgentRuns, Settings, TenantRefused
 
 EXTENSION = "aaa_celery"
 #: Where the session keeps the CSRF token of the routes.
@@ -233,7 +234,11 @@ def start_run() -> ResponseReturnValue:
     task = (body or {}).get("task")
     if not task:
         return _error(400, "'task' is required")
-    handle = runs.start(str(task), (body or {}).get("tenant"))
+    try:
+        tenant = runs.tenant_for(request, (body or {}).get("tenant"))
+    except TenantRefused as e:
+        return _error(403, str(e))
+    handle = runs.start(str(task), tenant)
     url = url_for("aaa_celery.show_run", run_id=handle.run_id)
     if request.is_json:
         return jsonify(run_id=handle.run_id, url=url), 201

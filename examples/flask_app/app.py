@@ -37,6 +37,13 @@ def authorize(request: Request, run: Any, call: Any) -> bool:
         return False
 
 
+def tenant(request: Request) -> str:
+    """The tenant of the runs a person starts: the app's own knowledge of them, never what the
+    request says (a request that names another tenant is refused, 403). Here everyone on this
+    machine works for "acme"; replace it with your own, e.g. ``current_user.tenant``."""
+    return "acme"
+
+
 def create_app(**config: object) -> Flask:
     app = Flask(__name__)
     app.config.update(
@@ -45,6 +52,7 @@ def create_app(**config: object) -> Flask:
         AAA_CELERY_TOOLS="agent_tools:handler",
         AAA_CELERY_LLM="agent_tools:model",
         AAA_CELERY_AUTHORIZE=authorize,
+        AAA_CELERY_TENANT=tenant,
         # None runs the tools on the embedded worker; a Celery app sends them to a fleet
         AAA_CELERY_APP="worker:app" if os.environ.get("AAA_REDIS_URL") else None,
     )

@@ -220,3 +220,31 @@ def test_a_bad_approval_ttl_fails_when_the_settings_are_read(client: Any):
         load_settings()
     with aaa_settings(APPROVAL_TTL_S=120):
         assert load_settings().approval_ttl_s == 120
+
+
+def test_a_person_cannot_start_a_run_in_another_tenant(client: Any):
+    """Reproduces on c79799f (issue 21, item 3): ``POST /aaa/runs`` took the tenant from the
+    body and asked AUTHORIZE with ``run=None``, so a person of tenant a started a run in
+    tenant b. Now the tenant is the app's (``TENANT(request)``), and a body that names
+    another one is refused with 403."""
+    def authorize(request: Any, run: Any, call: Any) -> bool:
+        return run is None or run.tenant == request.headers.get("X-Tenant")
+
+    with aaa_settings(AUTHORIZE=authorize, TENANT=lambda request: request.headers.get("X-Tenant")):
+        from aaa_celery.contrib.django import get_runs
+
+        a, b = {"HTTP_X_TENANT": "a"}, {"HTTP_X_TENANT": "b"}
+        r = client.post("/aaa/runs", {"task": "cancel order B-7", "tenant": "b"}, content_type="application/json", **a)
+        assert r.status_code == 403 and "TENANT" in r.json()["error"], r.content
+        r = client.post("/aaa/runs", {"task": "cancel order B-7", "tenant": "b"}, **a)  # the page's form
+        assert r.status_code == 403
+        assert client.get("/aaa/runs", **b).json()["runs"] == [] and get_runs().engine.runs() == []
+        r = client.post("/aaa/runs", {"task": "cancel order B-7"}, content_type="application/json", **a)
+        assert r.status_code == 201, r.content
+        assert [x["tenant"] for x in client.get("/aaa/runs", **a).json()["runs"]] == ["a"]
+        # the shop's own view starts its runs in the app's tenant too, whatever the form says
+        r = client.post("/refunds/A-100", {"customer": "b"}, **a)
+        assert r.status_code == 403
+    with aaa_settings(AUTHORIZE=authorize):  # no TENANT hook: a body that names a tenant is refused
+        r = client.post("/aaa/runs", {"task": "cancel order B-7", "tenant": "b"}, content_type="application/json", **a)
+        assert r.status_code == 403 and "TENANT" in r.json()["error"]

@@ -283,3 +283,44 @@ def test_an_app_created_and_never_closed_stops_its_engine_quietly_at_exit():
                           env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert done.returncode == 0 and "created" in done.stdout, done.stderr
     assert "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr
+
+
+def tenant_hooks() -> tuple[Any, Any]:
+    """An AUTHORIZE that keeps tenants apart and a TENANT that says whose the person is
+    (both read the X-Tenant header, standing in for the app's authentication)."""
+    def authorize(request: Any, run: Any, call: Any) -> bool:
+        return run is None or run.tenant == request.headers.get("X-Tenant")
+
+    def tenant(request: Any) -> str | None:
+        return request.headers.get("X-Tenant")
+
+    return authorize, tenant
+
+
+def test_a_person_cannot_start_a_run_in_another_tenant():
+    """Reproduces on c79799f (issue 21, item 3): ``POST /aaa/runs`` took the tenant from the
+    body and asked AUTHORIZE with ``run=None``, so a person of tenant a started a run in
+    tenant b (b's approver saw it, its tools spent b's budgets). Now the tenant is the app's
+    (``TENANT(request)``) and a body that names another one is refused with 403."""
+    authorize, tenant = tenant_hooks()
+    with example(AAA_CELERY_AUTHORIZE=authorize, AAA_CELERY_TENANT=tenant) as app:
+        client = with_csrf(app.test_client())
+        a, b = {"X-Tenant": "a"}, {"X-Tenant": "b"}
+        # a person of tenant a names tenant b: refused, as JSON and as the page's form
+        r = client.post("/aaa/runs", json={"task": "refund order A-100", "tenant": "b"}, headers=a)
+        assert r.status_code == 403 and "TENANT" in r.get_json()["error"], r.get_json()
+        r = client.post("/aaa/runs", data={"task": "refund order A-100", "tenant": "b",
+                                           "csrf_token": client.environ_base["HTTP_X_CSRFTOKEN"]}, headers=a)
+        assert r.status_code == 403
+        assert client.get("/aaa/runs", headers=b).get_json()["runs"] == []
+        assert app.extensions["aaa_celery"].engine.runs() == []
+        # naming none, or their own, starts the run in their tenant
+        for body in ({"task": "refund order A-100"}, {"task": "refund order A-101", "tenant": "a"}):
+            r = client.post("/aaa/runs", json=body, headers=a)
+            assert r.status_code == 201, r.get_json()
+        assert {x["tenant"] for x in client.get("/aaa/runs", headers=a).get_json()["runs"]} == {"a"}
+    # without a TENANT hook, a run has no tenant, and a body that names one is refused
+    with example(AAA_CELERY_AUTHORIZE=authorize) as app:
+        client = with_csrf(app.test_client())
+        r = client.post("/aaa/runs", json={"task": "refund order A-100", "tenant": "b"}, headers=a)
+        assert r.status_code == 403 and "TENANT" in r.get_json()["error"]

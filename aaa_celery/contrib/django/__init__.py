@@ -8,6 +8,7 @@ In ``settings.py``::
         "LLM": "shop.tools:model",          # a model client, or an LLMHandler
         "APP": "proj.celery:app",           # the fleet's Celery app; None: the embedded engine
         "AUTHORIZE": "shop.auth:authorize", # authorize(request, run, call) -> bool (required)
+        "TENANT": "shop.auth:tenant",       # tenant(request) -> str | None: the tenant of the runs it starts
         # "ALGORITHM": ...,                 # default: ToolLoop over every tool
         # "APPROVAL_TTL_S": 86400,          # a call waits this long for a person, then fails
         # "ALLOW_ANONYMOUS": True,          # development only, instead of AUTHORIZE (logs a warning)
@@ -26,7 +27,8 @@ the process's :class:`~aaa_celery.contrib._web.AgentRuns`::
     from aaa_celery.contrib.django import get_runs
 
     def refund(request, order_id):
-        handle = get_runs().start(f"refund order {order_id}", tenant=request.user.username)
+        runs = get_runs()
+        handle = runs.start(f"refund order {order_id}", tenant=runs.tenant_for(request))
         return JsonResponse({"run_id": handle.run_id}, status=201)
 
 The engine starts on first use, once per process (under gunicorn: in each

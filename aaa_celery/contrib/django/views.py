@@ -25,7 +25,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from ...runtime import PendingApproval
 from ...runtime.sync import SyncRunHandle
 from .._pages import SECURITY_HEADERS, static, template
-from .._web import AgentRuns
+from .._web import AgentRuns, TenantRefused
 from .runs import get_runs
 
 #: Django's template engine on its own (autoescaping on), for the two pages only.
@@ -128,7 +128,8 @@ def static_file(request: HttpRequest, name: str) -> HttpResponse:
 @csrf_protect
 @_runs_view
 def runs_view(request: HttpRequest, runs: AgentRuns) -> HttpResponse:
-    """GET: every run the request may see (JSON). POST: start a run from ``task`` (and ``tenant``)."""
+    """GET: every run the request may see (JSON). POST: start a run from ``task``, in the app's
+    tenant (``TENANT(request)``; a ``tenant`` in the body must be that one, else 403)."""
     if not runs.allowed(request):
         return _forbidden()
     if request.method != "POST":
@@ -136,7 +137,11 @@ def runs_view(request: HttpRequest, runs: AgentRuns) -> HttpResponse:
     body = _body(request)
     if not body.get("task"):
         return _error(400, "'task' is required")
-    handle = runs.start(str(body["task"]), body.get("tenant"))
+    try:
+        tenant = runs.tenant_for(request, body.get("tenant"))
+    except TenantRefused as e:
+        return _error(403, str(e))
+    handle = runs.start(str(body["task"]), tenant)
     url = reverse("aaa_celery:run", args=[handle.run_id])
     if request.content_type == "application/json":
         return JsonResponse({"run_id": handle.run_id, "url": url}, status=201)

@@ -41,4 +41,6 @@ AAA_CELERY = {
     "APP": "proj.celery:app" if REDIS_URL else None,
     # who may see runs and approve or deny calls: authorize(request, run, call) -> bool
     "AUTHORIZE": "shop.auth:authorize",
+    # the tenant of the runs a person starts: tenant(request) -> str (never the request's say)
+    "TENANT": "shop.auth:tenant",
 }

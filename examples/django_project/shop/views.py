@@ -16,8 +16,14 @@ from .auth import authorize
 
 @require_POST
 def request_refund(request: HttpRequest, order_id: str) -> HttpResponse:
-    """Start an agent run that checks the order and asks to cancel it."""
-    handle = get_runs().start(f"cancel order {order_id}", tenant=request.POST.get("customer"))
+    """Start an agent run that checks the order and asks to cancel it, in the app's tenant for
+    this person (``TENANT``): a ``customer`` that names another one is refused."""
+    runs = get_runs()
+    try:
+        tenant = runs.tenant_for(request, request.POST.get("customer"))
+    except PermissionError as e:
+        return JsonResponse({"error": str(e)}, status=403)
+    handle = runs.start(f"cancel order {order_id}", tenant=tenant)
     return JsonResponse({"run_id": handle.run_id, "page": f"/aaa/runs/{handle.run_id}"}, status=201)
 
 
