@@ -105,14 +105,18 @@ def check_authorize(settings: Settings) -> Callable[[Any, Any, Any], Any] | None
         logger.warning("aaa_celery: ALLOW_ANONYMOUS is set: anyone who reaches the agent-run routes can "
                        "approve calls. Set AUTHORIZE for anything but development.")
         return None
+    return _checked_hook(hook, "AUTHORIZE", "authorize(request, run, call) -> bool", 3,
+                         "; the older (request, action) hook is gone: a call is being decided when call is not None")
+
+
+def _checked_hook(hook: Any, name: str, shape: str, arity: int, why: str) -> Callable[..., Any]:
+    """``hook`` if it is a function that takes ``arity`` arguments, else ``ConfigError`` naming the shape."""
     if not callable(hook):
-        raise ConfigError(f"aaa_celery: AUTHORIZE must be a function authorize(request, run, call) -> bool, "
-                          f"got {hook!r}")
+        raise ConfigError(f"aaa_celery: {name} must be a function {shape}, got {hook!r}")
     try:
-        inspect.signature(hook).bind(None, None, None)
+        inspect.signature(hook).bind(*[None] * arity)
     except TypeError:
-        raise ConfigError(f"aaa_celery: AUTHORIZE {hook!r} must take (request, run, call); the older "
-                          f"(request, action) hook is gone: a call is being decided when call is not None") from None
+        raise ConfigError(f"aaa_celery: {name} {hook!r} must take ({shape.split('(')[1].split(')')[0]}){why}") from None
     except ValueError:  # no signature to read (a builtin): trust it
         pass
     return hook  # type: ignore[no-any-return]
@@ -127,16 +131,8 @@ def check_tenant_hook(settings: Settings) -> Callable[[Any], Any] | None:
     hook = load(settings.tenant)
     if hook is None:
         return None
-    if not callable(hook):
-        raise ConfigError(f"aaa_celery: TENANT must be a function tenant(request) -> str | None, got {hook!r}")
-    try:
-        inspect.signature(hook).bind(None)
-    except TypeError:
-        raise ConfigError(f"aaa_celery: TENANT {hook!r} must take (request): it says the tenant of the runs "
-                          f"the request starts") from None
-    except ValueError:  # no signature to read (a builtin): trust it
-        pass
-    return hook  # type: ignore[no-any-return]
+    return _checked_hook(hook, "TENANT", "tenant(request) -> str | None", 1,
+                         ": it says the tenant of the runs the request starts")
 
 
 def _plain(value: Any) -> Any:

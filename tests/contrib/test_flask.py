@@ -324,3 +324,9 @@ def test_a_person_cannot_start_a_run_in_another_tenant():
         client = with_csrf(app.test_client())
         r = client.post("/aaa/runs", json={"task": "refund order A-100", "tenant": "b"}, headers=a)
         assert r.status_code == 403 and "TENANT" in r.get_json()["error"]
+    # a TENANT of the wrong shape fails at init_app, naming the setting
+    from aaa_celery.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"TENANT .* must take \(request\)"), \
+            example(AAA_CELERY_AUTHORIZE=authorize, AAA_CELERY_TENANT=lambda: "a"):
+        pass
