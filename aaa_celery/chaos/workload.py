@@ -44,11 +44,11 @@ WORKER_FAULTS = ("kill_main", "kill_child", "freeze_kill", "stop_cont")
 #: the workers use) replicates from it and answers READONLY, for a few seconds, then back.
 #: Only in runs that name them in ``kinds``.
 STORE_FAULTS = ("store_pause", "store_restart", "store_failover")
-#: Why a violation of a call that a failover touched is a documented exception (README).
+#: Why a violation of a call that a failover touched is a documented exception (docs/chaos.md).
 FAILOVER_REASON = ("store_failover: Redis replication is asynchronous, so a write the old primary "
                    "acknowledged can be lost (the guarantee holds on one server with AOF)")
 #: Why an overlap of an ``on_lost_lease=finish`` call whose session a pg_kill ended is a
-#: documented exception (README): the lease is the session's lock, and ends with it.
+#: documented exception (docs/chaos.md): the lease is the session's lock, and ends with it.
 PG_KILL_REASON = ("a session store's lease ends with its session, and on_lost_lease=finish lets "
                   "the body run to its end (its result fenced)")
 FAULT_KINDS = (*WORKER_FAULTS, "duplicate", "pg_kill", *STORE_FAULTS)

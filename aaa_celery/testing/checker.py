@@ -28,7 +28,7 @@
 * **I7** A completed call's recorded result equals the value that the attempt
   which wrote it returned (the ledger's ``end`` entry of that attempt).
 
-Some faults are outside the guarantee (the README says so): a Redis failover without
+Some faults are outside the guarantee (docs/guarantees.md says so): a Redis failover without
 AOF can lose a write that the old primary acknowledged. :func:`excuse` moves the
 violations of the calls such a fault touched into :class:`DocumentedException` records,
 which a report counts apart, next to the reason; they are never dropped silently. It

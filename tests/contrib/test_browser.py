@@ -6,7 +6,7 @@ The example app (embedded engine: no server needed) is served by werkzeug on a f
 Missing, the test skips locally and fails under ``CI=true``.
 
 Screenshots go to the test's tmp dir; ``AAA_UPDATE_SCREENSHOTS=1`` writes them to
-``docs/approval.png`` and ``docs/run-finished.png`` instead (the README's pictures)::
+``docs/approval.png`` and ``docs/run-finished.png`` instead (the pictures in the README and docs/agent-runs.md)::
 
     AAA_UPDATE_SCREENSHOTS=1 scripts/test tests/contrib/test_browser.py
 """
