@@ -10,11 +10,13 @@ import sys
 from typing import Any
 
 import click
+from kombu.utils.url import maybe_sanitize_url
 
-from ..errors import AAACeleryError, NotResolvable
+from ..errors import AAACeleryError, InvalidId, NotResolvable
+from ..protocol import check_call_id
 from ..stores import Store
 from ..stores.ops import STATES, call_state, matches, tenant_of
-from ..worker.stores import app_store
+from ..worker.stores import app_store, store_url
 from . import doctor as doctor_checks
 from .timeline import render, table, timeline, when
 
@@ -29,6 +31,45 @@ def duration(text: str) -> float:
     return float(found[1]) * _UNITS[found[2] or "s"]
 
 
+def _duration(ctx: click.Context, param: click.Parameter, text: str | None) -> str | None:
+    """Check a duration option as it is parsed, so that a bad value names its option."""
+    if text is not None:
+        duration(text)
+    return text
+
+
+def _call_id(ctx: click.Context, param: click.Parameter, text: str) -> str:
+    """A CALL_ID argument, checked as the guard checks task ids (no control characters, a
+    size cap) before it reaches the store or the terminal."""
+    try:
+        return check_call_id(text)
+    except InvalidId as e:
+        raise click.BadParameter(one_line(e)) from None
+
+
+def one_line(error: BaseException) -> str:
+    """An error's text on one line (drivers' messages span several, SQLAlchemy adds a link)."""
+    text = re.sub(r"\(Background on this error at: [^)]*\)", "", str(error))
+    return " ".join(text.split()) or type(error).__name__
+
+
+class _Commands(click.Group):
+    """The ``aaa`` group: a command that fails prints one line naming what failed and
+    exits 1, never a traceback (``--traceback`` shows it, for a bug report)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except Exception as e:
+            if ctx.params.get("traceback"):
+                raise
+            what = ctx.invoked_subcommand or "aaa"
+            kind = "" if isinstance(e, AAACeleryError) else f"{type(e).__name__}: "
+            raise click.ClickException(f"aaa {what}: {kind}{one_line(e)}") from e
+
+
 def _app(ctx: click.Context) -> Any:
     obj = ctx.find_root().obj
     app = getattr(obj, "app", None)
@@ -38,10 +79,15 @@ def _app(ctx: click.Context) -> Any:
 
 
 def _store(ctx: click.Context) -> Store:
+    app = _app(ctx)
     try:
-        return app_store(_app(ctx))
-    except AAACeleryError as e:
-        raise click.ClickException(f"cannot open the app's aaa store: {e}") from e
+        return app_store(app)
+    except (AAACeleryError, ValueError) as e:  # a URL the driver cannot parse raises ValueError
+        try:
+            where = f" at {maybe_sanitize_url(store_url(app))}"
+        except AAACeleryError:
+            where = ""
+        raise click.ClickException(f"cannot open the app's aaa store{where}: {one_line(e)}") from e
 
 
 def _user() -> str:
@@ -56,23 +102,21 @@ def _dump(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
-@click.group(name="aaa")
-def aaa() -> None:
+@click.group(name="aaa", cls=_Commands)
+@click.option("--traceback", is_flag=True, help="Show the traceback of a command that fails.")
+def aaa(traceback: bool) -> None:
     """Inspect and settle guarded tool calls (aaa_celery), in the app's own store."""
 
 
 @aaa.command()
-@click.argument("call_id")
+@click.argument("call_id", callback=_call_id)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.pass_context
 def show(ctx: click.Context, call_id: str, as_json: bool) -> None:
     """One call's timeline: attempts (worker, pid, start, end, fence), lease events, the
     result, fenced and stale results, and resolutions."""
     store = _store(ctx)
-    try:
-        events, result = store.events(call_id), store.result(call_id)
-    except AAACeleryError as e:
-        raise click.ClickException(str(e)) from e
+    events, result = store.events(call_id), store.result(call_id)
     if not events and result is None:
         raise click.ClickException(f"no call {call_id!r} in the {store.kind} store")
     story = timeline(call_id, events, result)
@@ -86,7 +130,7 @@ def show(ctx: click.Context, call_id: str, as_json: bool) -> None:
 @click.option("--state", type=click.Choice(STATES), help="Only calls in this state.")
 @click.option("--tool", help="Only calls of this tool (its name, or the task name).")
 @click.option("--tenant", help="Only calls sent for this tenant.")
-@click.option("--since", "since", help="Only calls first seen this long ago or later: 90s, 30m, 1h, 7d.")
+@click.option("--since", "since", callback=_duration, help="Only calls first seen this long ago or later: 90s, 30m, 1h, 7d.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1), help="At most this many.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.pass_context
@@ -96,14 +140,11 @@ def list_calls(ctx: click.Context, state: str | None, tool: str | None, tenant: 
     store = _store(ctx)
     start = None if since is None else store.now() - duration(since)
     found = []
-    try:
-        for record in store.calls(since=start):
-            if matches(record, state, tool, tenant):
-                found.append(record)
-                if len(found) >= limit:
-                    break
-    except AAACeleryError as e:
-        raise click.ClickException(str(e)) from e
+    for record in store.calls(since=start):
+        if matches(record, state, tool, tenant):
+            found.append(record)
+            if len(found) >= limit:
+                break
     rows = [{"call_id": r.call_id, "tool": r.spec.name, "state": call_state(r), "attempts": r.attempts,
              "seen_at": r.seen_at, "holder": r.holder, "tenant": tenant_of(r.spec),
              "error": r.result.error if r.result is not None and not r.result.ok else None} for r in found]
@@ -117,7 +158,7 @@ def list_calls(ctx: click.Context, state: str | None, tool: str | None, tenant: 
 
 
 @aaa.command()
-@click.argument("call_id")
+@click.argument("call_id", callback=_call_id)
 @click.option("--as", "verdict", type=click.Choice(["completed", "failed"]), required=True,
               help="What the operator found: the effect happened (completed) or not (failed).")
 @click.option("--note", required=True, help="Why: what was checked, where (kept in the audit trail).")
@@ -140,10 +181,8 @@ def resolve(ctx: click.Context, call_id: str, verdict: str, note: str, value: st
     try:
         outcome = store.resolve(call_id, verdict, note, by, parsed)  # type: ignore[arg-type]
     except NotResolvable as e:
-        click.echo(f"refused: {e}", err=True)
+        click.echo(f"refused: {one_line(e)}", err=True)
         sys.exit(1)
-    except AAACeleryError as e:
-        raise click.ClickException(str(e)) from e
     click.echo(f"resolved {call_id} as {verdict} by {by}: {outcome.value if outcome.ok else outcome.message}")
 
 
@@ -163,19 +202,16 @@ def doctor(ctx: click.Context, ping_timeout: float, flask_app: str | None) -> No
 
 
 @aaa.command()
-@click.option("--older-than", "older_than", required=True, help="Age of the calls to delete: 7d, 12h, ...")
+@click.option("--older-than", "older_than", required=True, callback=_duration,
+              help="Age of the calls to delete: 7d, 12h, ...")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_context
 def purge(ctx: click.Context, older_than: str, yes: bool) -> None:
     """Delete finished calls (result and audit trail) first seen longer ago than
     --older-than. Calls without a result are kept."""
-    age = duration(older_than)
     store = _store(ctx)
     if not yes:
         click.confirm(f"Delete every finished call first seen more than {older_than} ago from the "
                       f"{store.kind} store?", abort=True)
-    try:
-        purged = store.purge(store.now() - age)
-    except AAACeleryError as e:
-        raise click.ClickException(str(e)) from e
+    purged = store.purge(store.now() - duration(older_than))
     click.echo(f"purged {purged} finished calls first seen more than {older_than} ago")
