@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
-from celery import Celery
+from celery import Celery, Signature
+from celery.result import AsyncResult
 from celery.utils.saferepr import saferepr
-from kombu import Queue
+from kombu import Producer, Queue
 
 from ..config import GuardConfig, GuardPolicy, RetryPolicy, build_config
 from ..context import ToolContext
@@ -32,7 +33,7 @@ class ToolTask(GuardedTask):
     them to Celery's events and logs with secrets redacted; the worker checks them again.
     """
 
-    tool: ClassVar[Tool]
+    tool: ClassVar[Tool[..., Any]]
     policy: ClassVar[GuardPolicy] = GuardPolicy()
     engine: ClassVar[Any] = None
 
@@ -56,7 +57,7 @@ class ToolTask(GuardedTask):
         except ToolArgsError:
             return default_key(call_id, headers)  # the body refuses these arguments
 
-    def signature(self, args: Any = None, *starargs: Any, **starkwargs: Any) -> Any:
+    def signature(self, args: Any = None, *starargs: Any, **starkwargs: Any) -> Signature[Any]:
         """Celery's signature (``s``, ``si``), with secret arguments sealed already: a signature
         travels whole inside another call's message (a chain's next step, a callback)."""
         sig = super().signature(args, *starargs, **starkwargs)
@@ -70,7 +71,13 @@ class ToolTask(GuardedTask):
             kwargs["arguments"] = seal(checked.canonical, tool.secrets, sealer)
         return sig
 
-    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any) -> Any:
+    def apply_async(
+        self, args: tuple[Any, ...] | None = None, kwargs: dict[str, Any] | None = None,
+        task_id: str | None = None, producer: Producer | None = None,
+        link: Signature[Any] | list[Signature[Any]] | None = None,
+        link_error: Signature[Any] | list[Signature[Any]] | None = None,
+        shadow: str | None = None, **options: Any,
+    ) -> AsyncResult[Any]:
         """Send the call (see the class): raises ``ToolArgsError`` for arguments the tool
         refuses, before anything is stored or published."""
         tool = type(self).tool
@@ -87,7 +94,7 @@ class ToolTask(GuardedTask):
         else:
             kwargs["arguments"] = sent
             options["kwargsrepr"] = saferepr({"arguments": checked.shown}, amqp.kwargsrepr_maxsize)
-        return super().apply_async(args, kwargs, task_id=task_id, **options)
+        return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
 
     def body(self, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: ToolContext) -> Any:
         tool, policy = type(self).tool, type(self).policy
@@ -128,22 +135,22 @@ class ToolTaskHandle:
     canvas. ``task`` is the Celery task itself.
     """
 
-    def __init__(self, task: Any, tool: Tool) -> None:
+    def __init__(self, task: ToolTask, tool: Tool[..., Any]) -> None:
         self.task, self.tool = task, tool
 
     def _message(self, arguments: dict[str, Any]) -> dict[str, Any]:
         self.tool.check(arguments, type(self.task).policy)  # early, for a signature too
         return {"arguments": arguments}
 
-    def delay(self, **arguments: Any) -> Any:
+    def delay(self, **arguments: Any) -> AsyncResult[Any]:
         """Send the call; returns its ``AsyncResult``."""
         return self.task.apply_async(kwargs=self._message(arguments))
 
-    def apply_async(self, arguments: dict[str, Any] | None = None, **options: Any) -> Any:
+    def apply_async(self, arguments: dict[str, Any] | None = None, **options: Any) -> AsyncResult[Any]:
         """Send the call with Celery's options; returns its ``AsyncResult``."""
         return self.task.apply_async(kwargs=self._message({} if arguments is None else arguments), **options)
 
-    def s(self, **arguments: Any) -> Any:
+    def s(self, **arguments: Any) -> Signature[Any]:
         """A signature of the call, for ``chain``, ``group`` and ``chord``."""
         return self.task.s(**self._message(arguments))
 
@@ -186,7 +193,7 @@ class ToolHandler:
         self.guards = guards or GuardPolicy()
         self._app: Celery | None = None
 
-    def config_for(self, t: Tool) -> GuardConfig:
+    def config_for(self, t: Tool[..., Any]) -> GuardConfig:
         """Effective guard configuration of a tool: handler default + the tool's overrides."""
         try:
             return self.guard.merged(t.guard_overrides)
@@ -204,7 +211,7 @@ class ToolHandler:
                 )
             rules.refuse_secret_paths(self.guards, t.name, t.secrets)
 
-    def queue_for(self, t: Tool, prefix: str = QUEUE_PREFIX) -> str:
+    def queue_for(self, t: Tool[..., Any], prefix: str = QUEUE_PREFIX) -> str:
         return f"{prefix}{t.pool}"
 
     def bind(self, app: Celery, *, queue_prefix: str = QUEUE_PREFIX, engine: Any = None) -> Celery:
@@ -265,7 +272,7 @@ class ToolHandler:
             raise ConfigError(f"task({name!r}): no such tool in this handler; the tools are: {known}")
         if self._app is None:
             raise ConfigError(f"task({name!r}): bind the handler to a Celery app first: handler.bind(app)")
-        return ToolTaskHandle(self._app.tasks[task_name(t.name)], t)
+        return ToolTaskHandle(cast(ToolTask, self._app.tasks[task_name(t.name)]), t)
 
     def attach(self, engine: Any) -> None:
         """Attach to an ``Engine`` (or ``SyncEngine``): one tool executor per engine, later

@@ -76,7 +76,7 @@ class KeywordIndex:
         return hits[:k]
 
 
-def search_tool(index: Index, *, name: str = "search_documents", k: int = 5, max_chars: int = 800) -> Tool:
+def search_tool(index: Index, *, name: str = "search_documents", k: int = 5, max_chars: int = 800) -> Tool[[str], str]:
     """Expose ``index`` as a read-only retrieval tool returning the top ``k`` passages."""
     if not isinstance(index, Index):
         raise ConfigError("search_tool: index must have a search(query, k) method, e.g. KeywordIndex(...)")

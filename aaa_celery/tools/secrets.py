@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, TypeGuard, Union
 
 from pydantic import BaseModel, SecretStr
 
@@ -123,7 +123,7 @@ def without_secrets(arguments: Any, secrets: frozenset[str], fields: frozenset[s
     return {k: REDACTED if k in secrets or k not in fields else v for k, v in arguments.items()}
 
 
-def is_sealed(value: Any) -> bool:
+def is_sealed(value: Any) -> TypeGuard[dict[str, str]]:
     return isinstance(value, dict) and len(value) == 1 and isinstance(value.get(SEALED), str)
 
 

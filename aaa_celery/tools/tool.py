@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import typing
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, ParamSpec, Protocol, TypedDict, TypeVar, Unpack, cast, overload
 
 from pydantic import BaseModel, ConfigDict, create_model
 
@@ -36,36 +36,64 @@ def _args_model(fn: Callable[..., Any], name: str, skip: str | None) -> type[Bas
     for param in _params(fn, skip):
         default = ... if param.default is param.empty else param.default
         fields[param.name] = (hints.get(param.name, Any), default)
-    return create_model(  # type: ignore[call-overload, no-any-return]
+    return create_model(
         f"{name}_args", __config__=ConfigDict(extra="forbid", allow_inf_nan=False), **fields
     )
 
 
-class Tool:
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class ToolOptions(TypedDict, total=False):
+    """The options of ``@tool(...)`` and ``Tool(fn, ...)``, for type checkers (see :class:`Tool`)."""
+
+    name: str | None
+    description: str | None
+    requires_approval: bool
+    timeout_s: float
+    pool: str
+    delivery: str | Delivery | None
+    idempotency_key: Callable[[dict[str, Any]], str] | None
+    guard: dict[str, Any] | GuardConfig | None
+    reconcile: Callable[[dict[str, Any], ToolContext], Any] | None
+
+
+class Tool(Generic[P, R]):
     """A function the model can call, run as a guarded Celery task.
 
     ``delivery``, ``idempotency_key`` and ``guard`` configure the guard for this
     tool; anything unset inherits the ``ToolHandler``'s default. Invalid values
     fail here, when the tool is defined.
+
+    For type checkers a tool keeps its function's signature: ``Tool[P, R]`` has the
+    function's parameters ``P`` and, awaited, its result ``R`` (an ``async def``'s too),
+    so ``await refund(order_id=1)`` or ``refund.nmae`` is an error (docs/typing.md).
     """
+
+    @overload
+    def __init__(self, fn: Callable[P, Awaitable[R]], **opts: Unpack[ToolOptions]) -> None: ...
+
+    @overload
+    def __init__(self, fn: Callable[P, R], **opts: Unpack[ToolOptions]) -> None: ...
 
     def __init__(
         self,
-        fn: Callable[..., Any],
+        fn: Callable[P, Any],
         *,
         name: str | None = None,
         description: str | None = None,
         requires_approval: bool = False,
         timeout_s: float = 60.0,
         pool: str = "default",
-        delivery: str | None = None,
+        delivery: str | Delivery | None = None,
         idempotency_key: Callable[[dict[str, Any]], str] | None = None,
         guard: dict[str, Any] | GuardConfig | None = None,
         reconcile: Callable[[dict[str, Any], ToolContext], Any] | None = None,
     ) -> None:
         if not callable(fn):
             raise ConfigError(f"tool: expected a function, got {type(fn).__name__}")
-        self.fn = fn
+        self.fn: Callable[P, Any] = fn
         self.name = name or fn.__name__
         self.description = description if description is not None else inspect.cleandoc(fn.__doc__ or "")
         self.requires_approval = requires_approval
@@ -99,6 +127,8 @@ class Tool:
             [p.name for p in _params(fn, self.context_param)],
         )
         self.is_async = inspect.iscoroutinefunction(fn)
+        self._positional = [p.name for p in inspect.signature(fn).parameters.values()
+                            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 
     @property
     def delivery(self) -> str | None:
@@ -151,27 +181,67 @@ class Tool:
         kwargs = self.validate_args(arguments, policy)
         if self.context_param is not None:
             kwargs[self.context_param] = ctx
-        return self.fn(**kwargs)
+        return cast(Callable[..., Any], self.fn)(**kwargs)
 
-    async def __call__(self, **arguments: Any) -> Any:
+    async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         """Run the function directly, as a unit test would: unguarded (no lease, no attempt
-        record), with ``ToolContext.direct()`` as its ``ctx``. To run it guarded, send it:
-        ``handler.task(name).delay(**arguments)``."""
-        result = self.invoke(arguments, ToolContext.direct())
-        return await result if asyncio.iscoroutine(result) else result
+        record), with the ``ctx`` given, else ``ToolContext.direct()``. Arguments go by name
+        or position, as to the function, and are checked as a model's are. To run it
+        guarded, send it: ``handler.task(name).delay(**arguments)``."""
+        arguments = self._by_name(args, kwargs)
+        ctx = arguments.pop(self.context_param, None) if self.context_param else None
+        if ctx is not None and not isinstance(ctx, ToolContext):
+            raise ToolArgsError(f"{self.name}: {self.context_param} must be a ToolContext, got {type(ctx).__name__}")
+        result = self.invoke(arguments, ctx if ctx is not None else ToolContext.direct())
+        return cast(R, await result if asyncio.iscoroutine(result) else result)
+
+    def _by_name(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A direct call's arguments by name: positional ones bound as Python binds them."""
+        if len(args) > len(self._positional):
+            raise TypeError(f"{self.name}() takes {len(self._positional)} positional arguments "
+                            f"but {len(args)} were given")
+        arguments = dict(zip(self._positional, args))
+        for name in kwargs:
+            if name in arguments:
+                raise TypeError(f"{self.name}() got multiple values for argument {name!r}")
+        arguments.update(kwargs)
+        return arguments
 
     def __repr__(self) -> str:
         return f"<Tool {self.name} pool={self.pool} delivery={self.delivery}>"
 
 
-def tool(fn: Callable[..., Any] | None = None, **opts: Any) -> Any:
+class ToolDecorator(Protocol):
+    """What ``@tool(...)`` with options returns: the decorator that makes the ``Tool``."""
+
+    @overload
+    def __call__(self, fn: Callable[P, Awaitable[R]], /) -> Tool[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> Tool[P, R]: ...
+
+
+@overload
+def tool(fn: Callable[P, Awaitable[R]], **opts: Unpack[ToolOptions]) -> Tool[P, R]: ...
+
+
+@overload
+def tool(fn: Callable[P, R], **opts: Unpack[ToolOptions]) -> Tool[P, R]: ...
+
+
+@overload
+def tool(fn: None = None, **opts: Unpack[ToolOptions]) -> ToolDecorator: ...
+
+
+def tool(fn: Callable[..., Any] | None = None, **opts: Unpack[ToolOptions]) -> Any:
     """Decorator: ``@tool`` or ``@tool(requires_approval=True, ...)``.
 
-    The schema comes from the type hints, the description from the docstring.
+    The schema comes from the type hints, the description from the docstring. Typed
+    by overloads: both forms give a ``Tool[P, R]`` with the function's signature.
     """
     if fn is not None:
         return Tool(fn, **opts)
     return lambda f: Tool(f, **opts)
 
 
-__all__ = ["Delivery", "Tool", "tool"]
+__all__ = ["Delivery", "Tool", "ToolDecorator", "ToolOptions", "tool"]

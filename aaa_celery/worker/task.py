@@ -11,10 +11,12 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from celery import Task
+from celery import Signature, Task
 from celery.exceptions import Ignore, Reject
+from celery.result import AsyncResult
+from kombu import Producer
 
 from ..context import ToolContext
 from ..errors import ForeignCall, StoreError, StoreUnavailable
@@ -31,8 +33,15 @@ from .stores import app_store
 
 log = logging.getLogger("aaa_celery.worker")
 
+if TYPE_CHECKING:
+    # celery-types makes Task generic over its function's parameters and result; at
+    # run time celery.Task is not subscriptable. A guarded task's run() varies: Any.
+    _Task = Task[..., Any]
+else:
+    _Task = Task
 
-class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
+
+class GuardedTask(GuardOptions, _Task):
     """A Celery task whose every execution is leased, numbered and fenced.
 
     Guard options are task options, validated when the task class is made::
@@ -56,14 +65,21 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
         attach(app)  # every worker of an app with guarded tasks runs the recovery sweep
 
     # -- publishing ---------------------------------------------------------
-    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any) -> Any:
+    def apply_async(
+        self, args: tuple[Any, ...] | None = None, kwargs: dict[str, Any] | None = None,
+        task_id: str | None = None, producer: Producer | None = None,
+        link: Signature[Any] | list[Signature[Any]] | None = None,
+        link_error: Signature[Any] | list[Signature[Any]] | None = None,
+        shadow: str | None = None, **options: Any,
+    ) -> AsyncResult[Any]:
         """Send the task as Celery does, then register the call with the message as sent, so
         recovery finds it even if the broker loses it (never for a send that failed)."""
         conf = self.app.conf
+        send = (args, kwargs, task_id, producer, link, link_error, shadow)
         if conf.get("task_always_eager") or not conf.get("aaa_register_on_publish", True) or not self.guard_config.enabled:
-            return super().apply_async(args, kwargs, task_id=task_id, **options)
+            return super().apply_async(*send, **options)
         with publish.capture(self.name) as sent:
-            result = super().apply_async(args, kwargs, task_id=task_id, **options)
+            result = super().apply_async(*send, **options)
         if sent.get("message") is not None:
             self._register(result.id, args, kwargs, sent["message"], calls.aaa_headers(sent["message"]["headers"]))
         return result
@@ -112,18 +128,19 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
             # a FAILURE under the id, which may be another tenant's running call)
             log.error("aaa: dropped message %s: %s", ascii(req.id), e)
             raise Ignore() from None
+        call_id = cast(str, req.id)  # check_call raised for anything else
         config = self.guard_config
         headers = calls.aaa_headers(req)
-        key = self.key_for(req.id, headers, args, kwargs)
+        key = self.key_for(call_id, headers, args, kwargs)
         if not config.enabled:
             ctx = calls.context(req, key, 1)
             return run_unguarded(config, self.timeout_s, lambda: self.body(args, kwargs, ctx))
         queue = (req.delivery_info or {}).get("routing_key")
-        call = calls.call_spec(self.name, self.audit_name or self.name, req.id, key,
+        call = calls.call_spec(self.name, self.audit_name or self.name, call_id, key,
                                *stored_arguments(list(args), dict(kwargs)), queue, headers)
         runner = GuardRunner(app_store(self.app), config, self.timeout_s, type(self).result_retry,
                              TaskEvents(self, self.audit_name or self.name), result_codec(config.max_result_bytes),
-                             control_for(req), raise_for_task(self, req.id),
+                             control_for(req), raise_for_task(self, call_id),
                              reconcile_step(self, args, kwargs, lambda attempt: calls.context(req, key, attempt)))
         worker = f"{req.hostname}/{os.getpid()}/{threading.get_ident()}"
         try:
@@ -145,5 +162,5 @@ class GuardedTask(GuardOptions, Task):  # type: ignore[misc]
                 req = self.request
                 setattr(req, REPLACED, True)
                 if sent.get("message") is not None and self.guard_config.enabled:
-                    self._register(req.id, req.args, req.kwargs, sent["message"], calls.aaa_headers(req))
+                    self._register(cast(str, req.id), req.args, req.kwargs, sent["message"], calls.aaa_headers(req))
                 raise
