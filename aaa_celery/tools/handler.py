@@ -7,7 +7,7 @@ from typing import Any, ClassVar, cast
 from celery import Celery, Signature
 from celery.result import AsyncResult
 from celery.utils.saferepr import saferepr
-from kombu import Producer, Queue
+from kombu import Queue
 
 from ..config import GuardConfig, GuardPolicy, RetryPolicy, build_config
 from ..context import ToolContext
@@ -71,13 +71,8 @@ class ToolTask(GuardedTask):
             kwargs["arguments"] = seal(checked.canonical, tool.secrets, sealer)
         return sig
 
-    def apply_async(
-        self, args: tuple[Any, ...] | None = None, kwargs: dict[str, Any] | None = None,
-        task_id: str | None = None, producer: Producer | None = None,
-        link: Signature[Any] | list[Signature[Any]] | None = None,
-        link_error: Signature[Any] | list[Signature[Any]] | None = None,
-        shadow: str | None = None, **options: Any,
-    ) -> AsyncResult[Any]:
+    def apply_async(self, args: tuple[Any, ...] | None = None, kwargs: dict[str, Any] | None = None,
+                    task_id: str | None = None, *more: Any, **options: Any) -> AsyncResult[Any]:
         """Send the call (see the class): raises ``ToolArgsError`` for arguments the tool
         refuses, before anything is stored or published."""
         tool = type(self).tool
@@ -94,7 +89,7 @@ class ToolTask(GuardedTask):
         else:
             kwargs["arguments"] = sent
             options["kwargsrepr"] = saferepr({"arguments": checked.shown}, amqp.kwargsrepr_maxsize)
-        return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+        return super().apply_async(args, kwargs, task_id, *more, **options)
 
     def body(self, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: ToolContext) -> Any:
         tool, policy = type(self).tool, type(self).policy

@@ -13,10 +13,9 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, cast
 
-from celery import Signature, Task
+from celery import Task
 from celery.exceptions import Ignore, Reject
 from celery.result import AsyncResult
-from kombu import Producer
 
 from ..context import ToolContext
 from ..errors import ForeignCall, StoreError, StoreUnavailable
@@ -65,21 +64,16 @@ class GuardedTask(GuardOptions, _Task):
         attach(app)  # every worker of an app with guarded tasks runs the recovery sweep
 
     # -- publishing ---------------------------------------------------------
-    def apply_async(
-        self, args: tuple[Any, ...] | None = None, kwargs: dict[str, Any] | None = None,
-        task_id: str | None = None, producer: Producer | None = None,
-        link: Signature[Any] | list[Signature[Any]] | None = None,
-        link_error: Signature[Any] | list[Signature[Any]] | None = None,
-        shadow: str | None = None, **options: Any,
-    ) -> AsyncResult[Any]:
+    def apply_async(self, args: tuple[Any, ...] | None = None, kwargs: dict[str, Any] | None = None,
+                    task_id: str | None = None, *more: Any, **options: Any) -> AsyncResult[Any]:
         """Send the task as Celery does, then register the call with the message as sent, so
-        recovery finds it even if the broker loses it (never for a send that failed)."""
+        recovery finds it even if the broker loses it (never for a send that failed).
+        ``more``: Celery's further positional parameters (``producer``, ``link``, ...)."""
         conf = self.app.conf
-        send = (args, kwargs, task_id, producer, link, link_error, shadow)
         if conf.get("task_always_eager") or not conf.get("aaa_register_on_publish", True) or not self.guard_config.enabled:
-            return super().apply_async(*send, **options)
+            return super().apply_async(args, kwargs, task_id, *more, **options)
         with publish.capture(self.name) as sent:
-            result = super().apply_async(*send, **options)
+            result = super().apply_async(args, kwargs, task_id, *more, **options)
         if sent.get("message") is not None:
             self._register(result.id, args, kwargs, sent["message"], calls.aaa_headers(sent["message"]["headers"]))
         return result
