@@ -55,11 +55,30 @@ def test_every_relative_link_outside_the_docs_site_resolves():
     assert broken == {}, "links to files that are not there: fix or drop them"
 
 
+#: A path of this repository named in code spans (`aaa_celery/worker/recovery.py`, `tests/x.py::test_y`).
+REPO_PATH = re.compile(r"`((?:aaa_celery|benchmarks|docs|examples|scripts|tests)/[^`\s*<>{}…]*)`")
+
+
+def missing_repo_paths(path: Path) -> list[str]:
+    names = {m.split("::")[0].rstrip(".,;:") for m in REPO_PATH.findall(path.read_text())}
+    return sorted(n for n in names if not (ROOT / re.sub(r":\d+(-\d+)?$", "", n)).exists())
+
+
+def test_every_repository_path_the_markdown_names_exists():
+    # a file moved by a refactor leaves its old path in the docs (docs/stores.md named
+    # aaa_celery/stores/lua/ after the Redis store moved to aaa_celery/stores/redis/)
+    files = [*markdown_outside_the_site(), *sorted((ROOT / "docs").rglob("*.md"))]
+    stale = {str(p.relative_to(ROOT)): names for p in files if (names := missing_repo_paths(p))}
+    assert stale == {}, "paths that are not in the repository: update them to where the file is now"
+
+
 def test_the_link_check_sees_a_broken_link(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("[ok](page.md) [url](https://example.com) ![pic](gone.png) [x](docs/gone.md#a)\n"
                     "```\n[in code](not-checked.md)\n```\n")
     assert broken_links(page) == ["gone.png", "docs/gone.md#a"]
+    page.write_text("`tests/unit/test_docs_site.py::test_x`, `aaa_celery/gone.py`, `docs/*.md`, `aaa_celery/`\n")
+    assert missing_repo_paths(page) == ["aaa_celery/gone.py"]
 
 
 @pytest.fixture(scope="module")
