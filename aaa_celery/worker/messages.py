@@ -14,6 +14,8 @@ A message that fails the check is:
 * rejected without requeue (as Celery's ``InvalidTaskError``, which the consumer logs
   and rejects; the ``task_rejected`` signal fires).
 
+A compressed message is inflated with a bound, before any of this (:mod:`.inflate`).
+
 The worker keeps serving. The check is cheap: the body's size, its decoded shape (kombu
 caches the decoded body, which Celery would decode here anyway) and the types of the
 headers Celery reads in the main process. What the arguments mean is for the task (a
@@ -42,6 +44,7 @@ from ..protocol import (
     check_run_id,
     check_tenant,
 )
+from . import inflate
 from .stores import app_store
 
 log = logging.getLogger("aaa_celery.worker")
@@ -230,10 +233,28 @@ def is_guarded(task: Any) -> bool:
     return isinstance(getattr(task, "guard_config", None), GuardConfig)
 
 
+def max_message_bytes(app: Any) -> int:
+    return int(app.conf.get("aaa_max_message_bytes") or DEFAULT_MAX_MESSAGE_BYTES)
+
+
+def refuse_uninflated(app: Any, message: Any, reason: str) -> None:
+    """A guarded call whose message could not be inflated (see :mod:`.inflate`) ends as a
+    ``ToolArgsError``, when its headers name it readably (Celery then drops the message)."""
+    headers = message.headers if isinstance(message.headers, dict) else {}
+    task = app.tasks.get(headers.get("task")) if isinstance(headers.get("task"), str) else None
+    if task is None or not is_guarded(task):
+        return
+    try:
+        call_id = check_headers(headers)
+    except Malformed:
+        return
+    _refuse(task, Malformed(reason, call_id))
+
+
 def guard_strategies(consumer: Any) -> int:
     """Wrap the strategy of every guarded task of ``consumer`` (once); how many were wrapped."""
     app = consumer.app
-    max_bytes = int(app.conf.get("aaa_max_message_bytes") or DEFAULT_MAX_MESSAGE_BYTES)
+    max_bytes = max_message_bytes(app)
     wrapped = 0
     for name, strategy in list(consumer.strategies.items()):
         task = app.tasks.get(name)
@@ -252,3 +273,6 @@ class MessageCheck(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def start(self, consumer: Any) -> None:
         guard_strategies(consumer)
+        if any(is_guarded(t) for t in list(consumer.app.tasks.values())):
+            inflate.install(max_message_bytes(consumer.app))
+            inflate.record_refusals(consumer, lambda message, reason: refuse_uninflated(consumer.app, message, reason))
