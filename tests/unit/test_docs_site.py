@@ -48,6 +48,18 @@ def test_the_readme_is_at_most_400_lines():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 400
 
 
+def test_the_readme_quickstart_shows_the_two_commands_and_what_the_first_prints():
+    readme = (ROOT / "README.md").read_text()
+    quickstart = readme.split("## Quickstart", 1)[1]
+    commands, printed = re.findall(r"```(?:bash)?\n(.*?)```", quickstart, re.S)[:2]
+    assert [line.split("#")[0].strip() for line in commands.strip().splitlines()] == [
+        "pip install -e . && python examples/refund.py", "scripts/test"]
+    done = subprocess.run([sys.executable, "examples/refund.py"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == printed.strip().splitlines()
+
+
 def test_every_relative_link_outside_the_docs_site_resolves():
     files = markdown_outside_the_site()
     assert ROOT / "README.md" in files
