@@ -58,7 +58,7 @@ def _on_interrupt_signal(signum: int, frame: Any) -> None:
 
 
 try:  # signal.getsignal without its conversion to an enum, which raises for a function handler
-    from _signal import getsignal as _getsignal
+    from _signal import getsignal as _getsignal  # type: ignore[import-not-found]  # CPython's, no stub
 except ImportError:  # pragma: no cover - another interpreter
     _getsignal = signal.getsignal
 

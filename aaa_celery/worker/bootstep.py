@@ -13,7 +13,7 @@ from .recovery import DEFAULT_INTERVAL_S, Sweeper
 from .settings import check_settings
 
 
-class RecoveryStep(bootsteps.StartStopStep):  # type: ignore[misc]
+class RecoveryStep(bootsteps.StartStopStep):
     """A worker bootstep that runs :func:`recover` every ``aaa_recovery_interval_s``.
 
     The sweeps run in a :class:`Sweeper` thread of the worker's main process, not on

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 #: A message of the task waits in a queue.
 QUEUED = 2
@@ -100,8 +100,9 @@ class RedisBrokerProbe:
         """Messages that workers took before ``when`` (kombu's ``unacked_index`` score, the
         taking worker's ``time.time()``) and have not acked: (message, exchange, routing
         key) each, oldest first, at most ``limit``."""
-        tags = self._client.zrangebyscore(self.prefix + self.unacked_index, "-inf", when,
-                                          start=0, num=limit)
+        # (redis-py types the reply with every shape it may have; with decode_responses, str)
+        tags = cast(list[str], self._client.zrangebyscore(self.prefix + self.unacked_index, "-inf", when,
+                                                          start=0, num=limit))
         if not tags:
             return []
         taken = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Callable
 from typing import Any
 
 from celery.utils.functional import head_from_fun
@@ -68,7 +69,7 @@ def header_without_context(run: Any) -> Any | None:
 
 def aaa_headers(source: Any) -> dict[str, Any]:
     """The guard's headers of a request (attributes) or of publish options (a dict)."""
-    get = source.get if isinstance(source, dict) else lambda h: getattr(source, h, None)
+    get: Callable[[str], Any] = source.get if isinstance(source, dict) else lambda h: getattr(source, h, None)
     return {h: get(h) for h in HEADERS if get(h)}
 
 

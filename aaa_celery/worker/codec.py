@@ -21,7 +21,9 @@ class KombuJSON:
         if value is None or type(value) in (str, int, bool):
             return value  # the common case, already JSON data
         if isinstance(value, ResultBase):
-            value = value.as_tuple()  # as Celery's result backend stores a returned result
+            # as Celery's result backend stores a returned result (celery-types gives ResultBase
+            # no as_tuple: AsyncResult and GroupResult have it, and Celery's backend assumes it)
+            value = value.as_tuple()  # type: ignore[attr-defined]
         return json.loads(kombu_json.dumps(value))
 
     def decode(self, stored: Any) -> Any:

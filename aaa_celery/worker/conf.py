@@ -22,7 +22,8 @@ _SPELLINGS = "_aaa_spellings"
 def setting(app: Any, name: str, default: Any = None) -> Any:
     """``app.conf.get(name, default)``, cheaply: see the module's docstring."""
     conf = app.conf
-    if not isinstance(conf, ConfigurationView) or type(conf.maps[0]) is not dict:
+    maps = conf.maps if isinstance(conf, ConfigurationView) else None
+    if not maps or type(maps[0]) is not dict:
         return conf.get(name, default)  # not loaded yet: Celery's own get loads it
     spellings = conf.__dict__.get(_SPELLINGS)
     if spellings is None:
@@ -30,7 +31,7 @@ def setting(app: Any, name: str, default: Any = None) -> Any:
     keys = spellings.get(name)
     if keys is None:
         keys = spellings[name] = tuple(dict.fromkeys(conf._key(k) for k in conf._to_keys(name)))
-    for mapping in conf.maps:
+    for mapping in maps:
         for key in keys:
             if key in mapping:
                 return mapping[key]

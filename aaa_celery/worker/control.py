@@ -32,7 +32,7 @@ def control_for(request: Any) -> Any:
     """The guard's reading of the control-flow exceptions of one request's body."""
 
     def control(error: BaseException) -> str | None:
-        if isinstance(error, Retry) or (isinstance(error, Reject) and error.requeue):
+        if isinstance(error, Retry) or (isinstance(error, Reject) and error.requeue):  # type: ignore[attr-defined]
             return "hand_on"
         if isinstance(error, Ignore) and getattr(request, REPLACED, False):
             return "hand_on"

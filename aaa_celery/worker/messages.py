@@ -25,6 +25,7 @@ tool validates them against its schema, in the pool).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
@@ -52,7 +53,7 @@ log = logging.getLogger("aaa_celery.worker")
 #: Largest body of a guarded task's message, in bytes (setting ``aaa_max_message_bytes``).
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 #: How each ``aaa_*`` header is checked (protocol's id rules: no control characters, a size cap).
-_AAA_HEADERS = {
+_AAA_HEADERS: dict[str, Callable[[Any], Any]] = {
     RUN_HEADER: check_run_id,
     TENANT_HEADER: check_tenant,
     TOOL_CALL_HEADER: lambda v: check_id(v, "tool call id", MAX_CALL_ID_BYTES),
@@ -265,7 +266,7 @@ def guard_strategies(consumer: Any) -> int:
     return wrapped
 
 
-class MessageCheck(bootsteps.StartStopStep):  # type: ignore[misc]
+class MessageCheck(bootsteps.StartStopStep):
     """A consumer bootstep: after Celery (re)builds the task strategies, check every
     guarded task's messages before Celery handles them (see the module's docstring)."""
 

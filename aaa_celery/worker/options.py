@@ -7,6 +7,7 @@ computed once per task class.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -23,7 +24,7 @@ class TaskOptions:
     idempotency_key: Any = None
 
     @classmethod
-    def of(cls, attrs: dict[str, Any], inherited: Any) -> TaskOptions:
+    def of(cls, attrs: Mapping[str, Any], inherited: Any) -> TaskOptions:
         """Validate a class's options (its own attributes, else ``inherited``'s)."""
         overrides = validate_overrides(attrs.get("guard", inherited.guard))
         delivery = parse_delivery(attrs.get("delivery", inherited.delivery))

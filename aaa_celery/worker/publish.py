@@ -81,7 +81,7 @@ def as_sent(message: dict[str, Any], exchange: str, routing_key: str, queues: li
         return None
     if not isinstance(body, list) or len(body) != 3:
         return None
-    return CODEC.encode({
+    stored: dict[str, Any] = CODEC.encode({
         "body": body,
         "exchange": exchange,
         "routing_key": routing_key,
@@ -89,6 +89,7 @@ def as_sent(message: dict[str, Any], exchange: str, routing_key: str, queues: li
         "properties": {k: properties[k] for k in _KEPT_PROPERTIES if properties.get(k) is not None},
         "queues": queues,
     })
+    return stored
 
 
 def republish(app: Any, producer: Any, stored: dict[str, Any]) -> None:

@@ -212,8 +212,11 @@ class Recovery:
         Registering a known call changes nothing."""
         assert self.probe is not None
         for message, exchange, routing_key in self.probe.taken_before(time.time() - self.settings.lost_after_s):
-            headers = message.get("headers") or {}
-            call_id, task = headers.get("id"), self.app.tasks.get(headers.get("task"))
+            headers = message.get("headers")
+            call_id, name = (headers.get("id"), headers.get("task")) if isinstance(headers, dict) else (None, None)
+            if not isinstance(call_id, str) or not isinstance(name, str):
+                continue  # not a message of ours: its headers are whatever its sender wrote
+            task = self.app.tasks.get(name)
             spec_of = getattr(task, "call_spec", None)
             config = getattr(task, "guard_config", None)
             if not call_id or call_id in self._adopted or spec_of is None or not getattr(config, "enabled", False):
@@ -223,6 +226,8 @@ class Recovery:
             if sent is None:
                 continue
             args, kwargs, _ = sent["body"]
+            if not isinstance(args, list | None) or not isinstance(kwargs, dict | None):
+                continue
             spec = spec_of(call_id, list(args or ()), dict(kwargs or {}), routing_key, aaa_headers(headers))
             self.store.register(with_message(spec, sent))
             self._adopted[call_id] = None

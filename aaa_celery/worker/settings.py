@@ -29,7 +29,7 @@ ACCEPT_SETTINGS = ("accept_content", "result_accept_content")
 
 
 def _registry() -> Any:
-    from kombu.serialization import registry
+    from kombu.serialization import registry  # type: ignore[attr-defined]  # kombu has it; celery-types does not
 
     return registry
 

@@ -17,7 +17,7 @@ cannot be reached, nothing is recorded and recovery does what it does for a lost
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 from celery.exceptions import TimeLimitExceeded
 from celery.worker import state as worker_state
@@ -71,7 +71,7 @@ def record_time_limit(task: Any, call_id: str, hostname: str, pid: int | None, t
     return settle(task.app, lease, time_limit_outcome(timeout), _FENCED, "hard time limit")
 
 
-class GuardedRequest(Request):  # type: ignore[misc]
+class GuardedRequest(Request):
     """Celery's request, whose hard time limit is also recorded in the guard's store.
 
     billiard reports a hard time limit to the main process as the job's failure with
@@ -85,7 +85,9 @@ class GuardedRequest(Request):  # type: ignore[misc]
         exc = getattr(exc, "exc", exc)  # billiard's ExceptionWithTraceback
         if isinstance(exc, TimeLimitExceeded) and not worker_state.should_terminate:  # Celery records nothing then
             try:
-                record_time_limit(self.task, self.id, self.hostname, self.worker_pid, exc.args[0] if exc.args else "?")
+                # celery-types says str; Celery sets the pool child's int pid
+                pid = cast(int | None, self.worker_pid)
+                record_time_limit(self.task, self.id, self.hostname, pid, exc.args[0] if exc.args else "?")
             except Exception:  # never break the worker's main process
                 log.exception("aaa: could not record the hard time limit of %s", self.id)
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
