@@ -119,6 +119,12 @@ class NotResolvable(AAACeleryError):
         self.current = current
 
 
+class ResultBackendNotWritten(AAACeleryError):
+    """The store took an operator's verdict, but Celery's result backend could not be
+    written: the engine and later deliveries see the verdict, a plain ``AsyncResult`` still
+    reads the old result."""
+
+
 OUTCOME_UNKNOWN_MESSAGE = (
     "The outcome of this action is unknown: the worker running it was lost after the "
     "action started, so it may or may not have taken effect. Do not simply retry it: "

@@ -17,6 +17,7 @@ from ..protocol import check_call_id
 from ..stores import Store
 from ..stores.ops import STATES, call_state, matches, tenant_of
 from ..worker.stores import app_store, store_url
+from ..worker.verdicts import resolve_call
 from . import doctor as doctor_checks
 from .timeline import render, table, timeline, when
 
@@ -166,7 +167,8 @@ def list_calls(ctx: click.Context, state: str | None, tool: str | None, tenant: 
 @click.pass_context
 def resolve(ctx: click.Context, call_id: str, verdict: str, note: str, value: str | None) -> None:
     """Settle a call in doubt (OutcomeUnknown, ExecutionAbandoned) after checking the called
-    system. Recorded as an aaa.tool.resolved event with who and why; a real result is never
+    system. Recorded as an aaa.tool.resolved event with who and why, and written to Celery's
+    result backend, so a caller's AsyncResult.get() gets it; a real result is never
     overwritten."""
     parsed = None
     if value is not None:
@@ -177,9 +179,10 @@ def resolve(ctx: click.Context, call_id: str, verdict: str, note: str, value: st
         except ValueError as e:
             raise click.BadParameter(f"not JSON: {e}", param_hint="--value") from e
     by = f"{_user()}@{socket.gethostname()}"
-    store = _store(ctx)
+    app = _app(ctx)
+    _store(ctx)  # opened here, so that a store that cannot be opened says so
     try:
-        outcome = store.resolve(call_id, verdict, note, by, parsed)  # type: ignore[arg-type]
+        outcome = resolve_call(app, call_id, verdict, note, by, parsed)  # type: ignore[arg-type]
     except NotResolvable as e:
         click.echo(f"refused: {one_line(e)}", err=True)
         sys.exit(1)

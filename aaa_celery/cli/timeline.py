@@ -117,8 +117,12 @@ def render(story: dict[str, Any]) -> str:
         what = s.get("error") or f"value {s.get('value')!r}"
         lines.append(f"stale result: {when(s['at'])} from attempt {s['attempt']}: {what} (audit only)")
     result = story["result"]
+    resolution = story["resolutions"][-1] if story["resolutions"] else None
     if result is None:
         lines.append("result: none yet")
+    elif resolution is not None:  # the operator's verdict, not an attempt's result
+        said = f"{result['value']!r}" if result["ok"] else f"{result['error']}: {result['message']}"
+        lines.append(f"result: resolved as {resolution.get('as')} by {resolution.get('by')}: {said}")
     elif result["ok"]:
         lines.append(f"result: completed by attempt {result['attempt']}: {result['value']!r}")
     else:

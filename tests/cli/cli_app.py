@@ -1,7 +1,8 @@
 """The app that ``celery -A tests.cli.cli_app aaa ...`` runs with in the CLI tests.
 
-``AAA_CLI_BROKER`` is its broker (also its store unless ``AAA_CLI_STORE`` is set); tests
-in this process may change ``app.conf`` before they invoke a command.
+``AAA_CLI_BROKER`` is its broker (also its store unless ``AAA_CLI_STORE`` is set);
+``AAA_CLI_BACKEND`` its result backend (none by default). Tests in this process may change
+``app.conf`` before they invoke a command.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ app.conf.update(
     task_serializer="json", result_serializer="json", accept_content=["json"], worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True, aaa_guard={"lease_ttl_s": 10},
 )
+if os.environ.get("AAA_CLI_BACKEND"):
+    app.conf.result_backend = os.environ["AAA_CLI_BACKEND"]
 if os.environ.get("AAA_CLI_STORE"):
     app.conf.aaa_store_url = os.environ["AAA_CLI_STORE"]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -171,6 +172,23 @@ def test_resolve_settles_unknown_and_refuses_a_real_result(recorded):
     real = cli("resolve", recorded["completed"], "--as", "failed", "--note", "oops")
     assert real.exit_code == 1 and "never overwritten" in real.output
     assert json.loads(cli("show", recorded["completed"], "--json").output)["result"]["value"] == 42
+
+
+def test_resolve_says_when_the_result_backend_was_not_written(redis_url):
+    """The store takes the verdict; a result backend that is down is named on one line, exit 1."""
+    ids = record_calls(redis_url)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"redis://127.0.0.1:{s.getsockname()[1]}/0"
+    env = {**os.environ, "AAA_CLI_BROKER": redis_url, "AAA_CLI_BACKEND": dead, "PYTHONPATH": str(ROOT)}
+    env.pop("AAA_CLI_STORE", None)
+    done = subprocess.run([sys.executable, "-m", "celery", "-A", APP, "aaa", "resolve", ids["unknown"], "--as",
+                           "completed", "--note", "seen", "--value", "1"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().count("\n") == 0, done.stderr
+    assert "resolved as completed in the store, but Celery's result backend was not written" in done.stderr
+    assert open_store(redis_url).result(ids["unknown"]).value == 1
 
 
 def test_purge_keeps_recent_calls(recorded):
