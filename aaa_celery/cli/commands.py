@@ -146,9 +146,10 @@ def list_calls(ctx: click.Context, state: str | None, tool: str | None, tenant: 
             found.append(record)
             if len(found) >= limit:
                 break
-    rows = [{"call_id": r.call_id, "tool": r.spec.name, "state": call_state(r), "attempts": r.attempts,
-             "seen_at": r.seen_at, "holder": r.holder, "tenant": tenant_of(r.spec),
-             "error": r.result.error if r.result is not None and not r.result.ok else None} for r in found]
+    rows: list[dict[str, Any]] = [
+        {"call_id": r.call_id, "tool": r.spec.name, "state": call_state(r), "attempts": r.attempts,
+         "seen_at": r.seen_at, "holder": r.holder, "tenant": tenant_of(r.spec),
+         "error": r.result.error if r.result is not None and not r.result.ok else None} for r in found]
     if as_json:
         _dump(rows)
         return

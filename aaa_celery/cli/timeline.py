@@ -121,8 +121,8 @@ def render(story: dict[str, Any]) -> str:
     if result is None:
         lines.append("result: none yet")
     elif resolution is not None:  # the operator's verdict, not an attempt's result
-        said = f"{result['value']!r}" if result["ok"] else f"{result['error']}: {result['message']}"
-        lines.append(f"result: resolved as {resolution.get('as')} by {resolution.get('by')}: {said}")
+        answer = f"{result['value']!r}" if result["ok"] else f"{result['error']}: {result['message']}"
+        lines.append(f"result: resolved as {resolution.get('as')} by {resolution.get('by')}: {answer}")
     elif result["ok"]:
         lines.append(f"result: completed by attempt {result['attempt']}: {result['value']!r}")
     else:
