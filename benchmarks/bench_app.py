@@ -32,6 +32,8 @@ if os.environ.get("BENCH_VISIBILITY"):
     transport["visibility_timeout"] = float(os.environ["BENCH_VISIBILITY"])
 app.conf.update(
     aaa_store_url=os.environ.get("BENCH_STORE") or BROKER,
+    # overhead.py --store memory:// is a diagnostic that knows each process keeps its own store
+    aaa_allow_process_local_store=(os.environ.get("BENCH_STORE") or "").startswith("memory:"),
     aaa_guard={"lease_ttl_s": float(os.environ.get("BENCH_LEASE_TTL", "15"))},
     aaa_recovery_interval_s=float(os.environ.get("BENCH_RECOVERY_S", "2")),
     task_serializer="json",

@@ -32,6 +32,7 @@ from typing import Annotated, Any, TypeGuard, Union
 from pydantic import BaseModel, SecretStr
 
 from ..errors import ConfigError, ToolArgsError
+from ..worker.setting_names import spelled
 
 #: What stands in for a secret wherever a call is shown.
 REDACTED = "**********"
@@ -186,7 +187,7 @@ def require_sealer(app: Any, tool_name: str, secrets: frozenset[str]) -> Sealer:
     if sealer is None:
         raise ConfigError(
             f"tool {tool_name!r} has secret arguments ({', '.join(sorted(secrets))}): set the Celery setting "
-            f"{KEY_SETTING} to a Fernet key, the same on every worker and every app that sends calls "
+            f"{spelled(app, KEY_SETTING)} to a Fernet key, the same on every worker and every app that sends calls "
             "(python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())')"
         )
     return sealer

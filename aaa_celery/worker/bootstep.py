@@ -10,7 +10,7 @@ from celery import bootsteps
 
 from .events import TASK_EVENTS_SETTING
 from .recovery import DEFAULT_INTERVAL_S, Sweeper
-from .settings import check_settings
+from .settings import check_settings, check_worker_processes
 
 
 class RecoveryStep(bootsteps.StartStopStep):
@@ -23,8 +23,11 @@ class RecoveryStep(bootsteps.StartStopStep):
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
-        # A worker with guarded tasks refuses to start without a store (or with pickle).
+        # A worker with guarded tasks refuses to start without a store (or with pickle, a
+        # mistyped aaa_* setting, a store its processes cannot share).
         check_settings(worker.app)
+        check_worker_processes(worker.app, getattr(worker, "pool_cls", None), getattr(worker, "concurrency", 1),
+                               kwargs.get("autoscale"))
         # Before the pool starts, so prefork children inherit it.
         worker.app.conf[TASK_EVENTS_SETTING] = bool(getattr(worker, "task_events", False))
         self.sweeper: Sweeper | None = None

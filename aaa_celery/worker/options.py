@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from ..config import GuardConfig, RetryPolicy, build_config, parse_delivery, validate_overrides
 from ..errors import ConfigError
 from . import calls
+from .setting_names import spelled
 
 
 @dataclass(frozen=True)
@@ -35,11 +36,11 @@ class TaskOptions:
             raise ConfigError("idempotency_key: must be a function of the task's arguments")
         return cls(overrides, key)
 
-    def config(self, app_conf: Any) -> GuardConfig:
+    def config(self, app: Any) -> GuardConfig:
         """The app's default (``aaa_guard``) with these overrides applied."""
-        base = app_conf.get("aaa_guard") or {}
+        base = app.conf.get("aaa_guard") or {}
         if not isinstance(base, GuardConfig):
-            base = build_config(dict(base), where="aaa_guard")
+            base = build_config(dict(base), where=spelled(app, "aaa_guard"))
         return base.merged(self.overrides)
 
 
@@ -82,7 +83,7 @@ class GuardOptions:
         """The app default (``aaa_guard``) with this task's overrides applied."""
         cls = type(self)
         if cls._aaa_config is None:
-            cls._aaa_config = cls._options.config(self.app.conf)  # type: ignore[attr-defined]
+            cls._aaa_config = cls._options.config(self.app)  # type: ignore[attr-defined]
         return cls._aaa_config
 
     @property

@@ -10,6 +10,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..stores import backend_for
+from .conf import setting
+from .setting_names import assignment, name_problems, spelled
 from .stores import store_options, store_url
 
 #: Serializer names (kombu's registry names, lower case) whose decoders build arbitrary
@@ -71,8 +73,9 @@ def code_running(value: Any, registry: Any = None) -> str | None:
     return None
 
 
-def serializer_problems(conf: Any, registry: Any = None) -> list[str]:
-    """Every setting of ``conf`` that lets a process decode content able to run code."""
+def serializer_problems(conf: Any, registry: Any = None, app: Any = None) -> list[str]:
+    """Every setting of ``conf`` that lets a process decode content able to run code (named
+    as ``app`` spells it, when given)."""
     problems = []
     for setting in ACCEPT_SETTINGS:
         values = conf.get(setting)
@@ -80,39 +83,86 @@ def serializer_problems(conf: Any, registry: Any = None) -> list[str]:
             continue  # Celery's default: ['json'], or accept_content for results
         if isinstance(values, str):
             values = [values]
+        name = spelled(app, setting) if app is not None else setting
         for value in values:
             why = code_running(value, registry)
             if why:
-                problems.append(f"{setting}: {value!r} is accepted, and {why}, so any message can run "
-                                f"code in the worker; set {setting}=['json']")
+                problems.append(f"{name}: {value!r} is accepted, and {why}, so any message can run "
+                                f"code in the worker; set {name}=['json']")
     for setting in SERIALIZER_SETTINGS:
+        name = spelled(app, setting) if app is not None else setting
         value = conf.get(setting)
         why = code_running(value, registry) if value else None
         if why:
-            problems.append(f"{setting}: {value!r} runs code when read back ({why}); set {setting}='json'")
+            problems.append(f"{name}: {value!r} runs code when read back ({why}); set {name}='json'")
     return problems
 
 
 def check_settings(app: Any) -> None:
     """Refuse settings that break the guarantees; warn about ones that weaken them."""
-    problems = serializer_problems(app.conf)
+    problems = serializer_problems(app.conf, app=app)
     if problems:
         raise ConfigError(
             "aaa_celery refuses serializers that can run code carried by a message "
             "(pickle, yaml, msgpack with extension hooks), by name and by content type:\n  "
             + "\n  ".join(problems)
         )
+    check_setting_names(app)
     url = store_url(app)  # fails now, not at 3 a.m., if there is no store
-    check_store_options(url, store_options(app))
+    check_store_options(url, store_options(app), spelled(app, "aaa_store_options"))
     if (app.conf.worker_prefetch_multiplier or 4) > 1:
+        name = spelled(app, "worker_prefetch_multiplier")
         warnings.warn(
-            "worker_prefetch_multiplier > 1 with long guarded tasks lets one worker hold "
-            "messages it cannot start; set worker_prefetch_multiplier=1 for long tools",
+            f"{name} > 1 with long guarded tasks lets one worker hold "
+            f"messages it cannot start; set {name}=1 for long tools",
             stacklevel=3,
         )
 
 
-def check_store_options(url: str, options: dict[str, Any]) -> None:
+def check_setting_names(app: Any) -> None:
+    """Refuse an ``aaa_*`` setting that is not one (a typo), or that Celery does not read as
+    spelled; warn about an unread name close to one (see :mod:`.setting_names`)."""
+    errors, warns = name_problems(app)
+    if errors:
+        raise ConfigError("aaa_celery: settings that do nothing as written:\n  " + "\n  ".join(errors))
+    for text in warns:
+        warnings.warn(text, stacklevel=4)
+
+
+#: The opt-in for a store held in one process's memory on a worker of several processes.
+ALLOW_PROCESS_LOCAL = "aaa_allow_process_local_store"
+
+
+def process_local(url: str) -> bool:
+    """Whether the store at ``url`` lives in one process's memory (no other process sees it)."""
+    return url.startswith("memory:") or url in ("sqlite://", "sqlite:///:memory:")
+
+
+def check_worker_processes(app: Any, pool_cls: Any, concurrency: Any, autoscale: Any = None) -> None:
+    """Refuse, at worker start, a process-local store on a worker whose calls run in more
+    than one process (a prefork pool of concurrency > 1, or autoscaling above 1): each
+    process would have a store of its own, so two of them could run one call at once."""
+    url = store_url(app)
+    if not process_local(url) or setting(app, ALLOW_PROCESS_LOCAL):
+        return
+    from celery.concurrency.prefork import TaskPool
+
+    if not (isinstance(pool_cls, type) and issubclass(pool_cls, TaskPool)):
+        return  # solo, threads, eventlet, gevent: one process
+    if isinstance(autoscale, str):
+        autoscale = [int(n) for n in autoscale.split(",") if n.strip()]
+    processes = max([int(concurrency or 1), *(int(n) for n in (autoscale or ())[:1])])
+    if processes > 1:
+        raise ConfigError(
+            f"{spelled(app, 'aaa_store_url')}: {url} is held in one process's memory, and this worker "
+            f"runs calls in {processes} prefork processes that cannot share it, so the guard could not keep "
+            f"one call from running twice. Use a redis://, postgresql+psycopg:// or sqlite:/// store shared by "
+            f"every process, or run the worker with -c 1 (or -P threads / -P solo); for a test that knows "
+            f"this, set {assignment(app, ALLOW_PROCESS_LOCAL)} = True."
+        )
+
+
+def check_store_options(url: str, options: dict[str, Any], name: str = "aaa_store_options") -> None:
     """Refuse ``aaa_store_options`` that the URL's store does not take, naming them."""
     if not options:
         return
@@ -121,11 +171,11 @@ def check_store_options(url: str, options: dict[str, Any]) -> None:
     # A store with **kw (Redis) passes the rest on to its driver: only a near miss of
     # one of its own options is sure to be a typo there.
     rest = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    for name in sorted(set(options) - set(known)):
-        close = difflib.get_close_matches(name, known, n=1)
+    for option in sorted(set(options) - set(known)):
+        close = difflib.get_close_matches(option, known, n=1)
         if close or not rest:
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(
-                f"aaa_store_options: {name!r} is not an option of the {url.split(':')[0]} store{hint} "
+                f"{name}: {option!r} is not an option of the {url.split(':')[0]} store{hint} "
                 f"It takes {known}."
             )

@@ -11,6 +11,7 @@ from celery import Celery
 from ..errors import ConfigError
 from ..stores import Store, open_store
 from .conf import setting
+from .setting_names import assignment, spelled
 
 _lock = threading.Lock()
 _opened: dict[tuple[int, str, str], Store] = {}
@@ -32,8 +33,8 @@ def store_url(app: Celery) -> str:
     if broker.startswith(("redis://", "rediss://")):
         return broker
     raise ConfigError(
-        f"aaa_store_url: not set, and the broker {broker.split('://')[0] or '(none)'}:// is not "
-        "Redis, so there is no store to default to. Set app.conf.aaa_store_url to a "
+        f"{spelled(app, 'aaa_store_url')}: not set, and the broker {broker.split('://')[0] or '(none)'}:// "
+        f"is not Redis, so there is no store to default to. Set {assignment(app, 'aaa_store_url')} to a "
         "redis://, postgresql+psycopg:// or sqlite:/// URL shared by every worker."
     )
 
@@ -46,7 +47,7 @@ def store_options(app: Celery) -> dict[str, Any]:
     options = setting(app, "aaa_store_options") or {}
     if not isinstance(options, dict):
         raise ConfigError(
-            f"aaa_store_options: expected a dict of store options (key_prefix, shards, ...), "
+            f"{spelled(app, 'aaa_store_options')}: expected a dict of store options (key_prefix, shards, ...), "
             f"not {type(options).__name__}"
         )
     return dict(options)
