@@ -29,9 +29,13 @@ hash slot: put the same ``{hash tag}`` in both.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import AAACeleryError
+
+if TYPE_CHECKING:
+    from sqlalchemy.dialects.postgresql import Insert as PostgresInsert
+    from sqlalchemy.dialects.sqlite import Insert as SQLiteInsert
 
 
 class StaleFence(AAACeleryError):
@@ -78,14 +82,16 @@ class SQLFence:
         t = self.table
         dialect = conn.dialect.name
         if dialect in ("postgresql", "sqlite"):
+            upsert: PostgresInsert | SQLiteInsert
             if dialect == "postgresql":
-                from sqlalchemy.dialects.postgresql import insert
+                from sqlalchemy.dialects.postgresql import insert as postgres_insert
+                upsert = postgres_insert(t).values(key=key, fence=fence)
             else:
-                from sqlalchemy.dialects.sqlite import insert
-            stmt = insert(t).values(key=key, fence=fence)
-            stmt = stmt.on_conflict_do_update(
-                index_elements=[t.c.key], set_={"fence": stmt.excluded.fence},
-                where=t.c.fence <= stmt.excluded.fence,
+                from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+                upsert = sqlite_insert(t).values(key=key, fence=fence)
+            stmt = upsert.on_conflict_do_update(
+                index_elements=[t.c.key], set_={"fence": upsert.excluded.fence},
+                where=t.c.fence <= upsert.excluded.fence,
             ).returning(t.c.fence)
             if conn.execute(stmt).first() is not None:  # a row inserted or updated
                 return

@@ -33,7 +33,8 @@ def backend_for(url: str) -> type[Store]:
         known = ", ".join(f"{s}://" for s in BACKENDS)
         raise ConfigError(f"store url: unknown scheme {scheme!r} in {url!r}{hint} Known: {known}")
     module, _, cls = target.partition(":")
-    return getattr(importlib.import_module(module), cls)
+    backend: type[Store] = getattr(importlib.import_module(module), cls)
+    return backend
 
 
 def open_store(url: str, **options: Any) -> Store:

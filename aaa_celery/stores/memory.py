@@ -130,7 +130,8 @@ class MemoryStore(MemoryRuns, Store):
             now = self.now()
             rec = self._call(call)
             writes = plan_begin(rec.state(now), rec.spec, worker, config, token or new_token(), now)
-            return apply(writes, _Writer(rec, now))
+            begun: BeginResult = apply(writes, _Writer(rec, now))
+            return begun
 
     def renew(self, lease: Lease) -> bool:
         with self._lock:
@@ -146,7 +147,8 @@ class MemoryStore(MemoryRuns, Store):
             now = self.now()
             rec = self._call(CallSpec(lease.call_id))
             writes = plan_finish(rec.state(now), rec.spec, lease, outcome, config)
-            return apply(writes, _Writer(rec, now))
+            finished: FinishResult = apply(writes, _Writer(rec, now))
+            return finished
 
     def release(self, lease: Lease) -> None:
         with self._lock:

@@ -259,6 +259,11 @@ def check_history(
 # -- the guarded history (store + ledger) -----------------------------------------------
 
 
+def _by_attempt(attempt: int | None) -> tuple[bool, int]:
+    """Attempt numbers in order, a body that recorded none (None) last."""
+    return attempt is None, attempt or 0
+
+
 def _check_guarded(call: Call, store: AuditTrail, execs: list[Execution], effects: list[dict[str, Any]],
                    overlaps: list[Violation]) -> list[Violation]:
     cid = call.call_id
@@ -288,7 +293,7 @@ def _check_guarded(call: Call, store: AuditTrail, execs: list[Execution], effect
 
     attempts = [e.attempt for e in starts]
     body_attempts = Counter(x.attempt for x in execs if x.start_at is not None)
-    twice = sorted(a for a, n in body_attempts.items() if n > 1)
+    twice = sorted((a for a, n in body_attempts.items() if n > 1), key=_by_attempt)
     if call.delivery == "at_most_once":
         # I3
         n_bodies = sum(body_attempts.values())
@@ -307,7 +312,7 @@ def _check_guarded(call: Call, store: AuditTrail, execs: list[Execution], effect
             v.append(Violation("I4", cid, f"{len(attempts)} attempt records > max_attempts={call.max_attempts}"))
         if twice:
             v.append(Violation("I4", cid, f"attempt(s) {twice} ran their body more than once"))
-    unrecorded = sorted({a for a in body_attempts if a not in attempts}, key=lambda a: (a is None, a or 0))
+    unrecorded = sorted({a for a in body_attempts if a not in attempts}, key=_by_attempt)
     if unrecorded:
         inv = "I3" if call.delivery == "at_most_once" else "I4"
         v.append(Violation(inv, cid, f"body ran as attempt(s) {unrecorded} without an attempt record"))

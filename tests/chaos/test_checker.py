@@ -278,6 +278,22 @@ def test_i4_a_gap_in_attempt_numbers_is_reported():
     assert invariants(h.check()) == ["I4"]
 
 
+def test_i4_reruns_of_a_numbered_attempt_and_of_unnumbered_bodies_are_both_reported():
+    # a body that records no attempt (attempt None) sorted beside numbered ones: the checker
+    # raised TypeError instead of reporting (found by mypy)
+    h = History()
+    cid = h.call("mixed", max_attempts=5)
+    h.ev(cid, STARTED, 1, 0.0)
+    h.body(cid, 1, 0.0, 0.5, returns=False, exec_id="a1")
+    h.body(cid, 1, 3.0, 3.5, returns=False, exec_id="a1-again")
+    h.body(cid, None, 6.0, 6.5, returns=False, exec_id="n1")
+    h.body(cid, None, 9.0, 9.5, exec_id="n2")
+    h.result(cid, 1, at=9.5)
+    messages = [v.message for v in h.check() if v.invariant == "I4"]
+    assert "attempt(s) [1, None] ran their body more than once" in messages
+    assert "body ran as attempt(s) [None] without an attempt record" in messages
+
+
 # -- I5 ---------------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import threading
 from importlib import resources
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -48,7 +49,9 @@ def ms(seconds: float) -> int:
 
 
 try:  # hiredis (a dependency) packs a command in C; redis-py's own packer is the fallback
-    from hiredis import pack_command as _pack
+    import hiredis
+
+    _pack: Callable[..., bytes] | None = hiredis.pack_command
 except ImportError:  # pragma: no cover
     _pack = None
 

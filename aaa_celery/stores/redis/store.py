@@ -60,7 +60,7 @@ import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import redis
 
@@ -364,7 +364,7 @@ class RedisStore(RedisRuns, Store):
 
     def now(self) -> float:
         with wrap_errors(self.kind, *ERRORS):
-            seconds, micros = self._redis.time()
+            seconds, micros = cast(tuple[int, int], self._redis.time())  # redis-py: a union of reply shapes
         return seconds + micros / 1_000_000
 
     def close(self) -> None:

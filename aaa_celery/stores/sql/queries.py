@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
@@ -16,7 +16,12 @@ from ...lifecycle import CallSpec, Event, Lease, Outcome
 from ..ops import RESOLVED
 from .schema import budget_tokens, budgets, calls, checkpoints, events, recoveries, results
 
-Insert = Callable[[sa.Table], Any]
+if TYPE_CHECKING:
+    from sqlalchemy.dialects.postgresql import Insert as PostgresInsert
+    from sqlalchemy.dialects.sqlite import Insert as SQLiteInsert
+
+#: The dialect's ``insert`` (PostgreSQL's or SQLite's: both have ON CONFLICT).
+Insert = Callable[[sa.Table], "PostgresInsert | SQLiteInsert"]
 
 _NO_LEASE = {"lease_token": None, "lease_worker": None, "lease_attempt": None, "lease_expires_at": None}
 

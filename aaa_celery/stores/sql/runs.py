@@ -89,13 +89,15 @@ class SQLRuns(RunRecords):
         with self._write() as conn:
             conn.execute(self.insert(run_turns).values(run_key=key, turn=turn, response=response)
                          .on_conflict_do_nothing(index_elements=["run_key", "turn"]))
-            return conn.execute(sa.select(run_turns.c.response).where(
-                run_turns.c.run_key == key, run_turns.c.turn == turn)).scalar_one()  # type: ignore[no-any-return]
+            kept: dict[str, Any] = conn.execute(sa.select(run_turns.c.response).where(
+                run_turns.c.run_key == key, run_turns.c.turn == turn)).scalar_one()
+            return kept
 
     def recorded_turn(self, key: str, turn: int) -> dict[str, Any] | None:
         with self._read() as conn:
-            return conn.execute(sa.select(run_turns.c.response).where(  # type: ignore[no-any-return]
+            response: dict[str, Any] | None = conn.execute(sa.select(run_turns.c.response).where(
                 run_turns.c.run_key == key, run_turns.c.turn == turn)).scalar_one_or_none()
+            return response
 
     def decide_approval(self, key: str, call_id: str, digest: str, decision: dict[str, Any]) -> bool:
         with self._write() as conn:
@@ -109,9 +111,10 @@ class SQLRuns(RunRecords):
 
     def approval_decision(self, key: str, call_id: str, digest: str) -> dict[str, Any] | None:
         with self._read() as conn:
-            return conn.execute(sa.select(run_decisions.c.decision).where(  # type: ignore[no-any-return]
+            decision: dict[str, Any] | None = conn.execute(sa.select(run_decisions.c.decision).where(
                 run_decisions.c.run_key == key, run_decisions.c.call_id == call_id,
                 run_decisions.c.digest == digest)).scalar_one_or_none()
+            return decision
 
     def lease_run(self, key: str, holder: str, ttl_s: float) -> bool:
         with self._write() as conn:

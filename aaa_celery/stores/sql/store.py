@@ -200,7 +200,8 @@ class SQLStore(Store):
             # this claim's own (a lost reply whose session lives on): wait for it to end.
             state = replace(state, token="")
         writes = plan_begin(state, spec, worker, config, token, now if self.ttl_leases else None)
-        return apply(writes, _Writer(self.insert, conn, row.call_id, now))
+        begun: BeginResult = apply(writes, _Writer(self.insert, conn, row.call_id, now))
+        return begun
 
     # The Store interface.
 
@@ -217,7 +218,7 @@ class SQLStore(Store):
                 # it is current and the decision still holds when written: the insert of an
                 # accepted result cannot meet another result.
                 writes = plan_finish(self._state(conn, row, False), spec, lease, outcome, config)
-                result = apply(writes, _Writer(self.insert, conn, lease.call_id, now))
+                result: FinishResult = apply(writes, _Writer(self.insert, conn, lease.call_id, now))
         except StoreUnavailable:
             raise
         except BaseException:
