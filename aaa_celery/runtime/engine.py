@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import time
 import uuid
 from collections import OrderedDict
@@ -40,10 +41,10 @@ from celery import Celery
 from ..errors import ConfigError
 from ..protocol import check_run_id, check_tenant, tenant_of
 from ..tools.handler import ToolHandler, store_of, use_store
-from .approvals import DEFAULT_APPROVAL_TTL_S, PendingApproval, check_ttl
+from .approvals import DEFAULT_APPROVAL_TTL_S, PendingApproval, check_ttl, stored_approval
 from .embedded import EmbeddedWorker, embedded_app
 from .executor import ToolExecutor
-from .run import ANY_TENANT, AnyTenant, RunHandle, RunOutcome, in_scope
+from .run import ANY_TENANT, AnyTenant, RunContext, RunHandle, RunOutcome, in_scope
 from .runstate import (
     DEFAULT_KEEP_FINISHED,
     DEFAULT_RUN_LEASE_S,
@@ -54,7 +55,6 @@ from .runstate import (
     log,
     off_loop,
     run_key,
-    stored_approval,
 )
 
 if TYPE_CHECKING:
@@ -137,16 +137,30 @@ class Engine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._worker: EmbeddedWorker | None = None
         self._queue_prefix = f"aaa-embedded-{self.id}." if self.embedded else "aaa."
+        self._store: tuple[int, Store, bool] | None = None  # (pid, store, durable), resolved at first use
+
+    def _resolved(self) -> tuple[int, Store, bool]:
+        resolved = self._store
+        if resolved is None or resolved[0] != os.getpid():  # a forked child opens its own store
+            store = store_of(self.app)
+            resolved = self._store = (os.getpid(), store, self.run_state and keeps_runs(store))
+        return resolved
 
     @property
     def store(self) -> Store:
-        """The store that guards this engine's calls (for its audit trail)."""
-        return store_of(self.app)
+        """The store that guards this engine's calls (for its audit trail), resolved once."""
+        return self._resolved()[1]
 
     @property
     def durable(self) -> bool:
         """Whether run state is kept in the store (``run_state``, and every built-in store keeps it)."""
-        return self.run_state and keeps_runs(self.store)
+        return self._resolved()[2]
+
+    def _context(self) -> RunContext:
+        """What a run made now uses of this engine (``RunHandle.ctx``)."""
+        _, store, durable = self._resolved()
+        return RunContext(store, self.tools, self.llm, self.holder, self.run_lease_s, self.approval_ttl_s,
+                          durable, self._loop, self._ended)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
@@ -233,7 +247,7 @@ class Engine:
         if (known is not None and not known.done) or (stored is not None and stored.holder is not None):
             raise ConfigError(f"Engine.start: run {run_id!r} is already running")
         loop = self._use_loop()
-        handle = RunHandle(self, run_id, tenant)
+        handle = RunHandle(self._context(), run_id, tenant)
         handle.algo, handle.input = self.add_algo(algo), input
         handle._driven_before = known is not None or stored is not None or not self.durable
         if self.durable:
@@ -303,7 +317,7 @@ class Engine:
         if record is None:
             raise KeyError(f"no run {run_id!r}" + ("" if tenant is ANY_TENANT else " for this tenant"))
         if not record.active:
-            return RunHandle(self, run_id, record.tenant, record=record)
+            return RunHandle(self._context(), run_id, record.tenant, record=record)
         algo = algo if algo is not None else self.algos.get(record.algo)
         if algo is None:
             raise ConfigError(f"Engine.resume: run {run_id!r} was driven by algorithm {record.algo!r}, which this "
@@ -313,7 +327,7 @@ class Engine:
                               f"it can be resumed once that process stops renewing its lease "
                               f"({self.run_lease_s:g} s)")
         loop = self._use_loop()
-        handle = RunHandle(self, run_id, record.tenant)
+        handle = RunHandle(self._context(), run_id, record.tenant)
         handle.started_at, handle.algo, handle.input = record.started_at, record.algo, record.input
         handle.resumed = record.resumed + 1
         handle._seq0 = record.events
@@ -331,7 +345,8 @@ class Engine:
             return []
         found = self.store.list_runs(tenant=None if tenant is ANY_TENANT else tenant,
                                      all_tenants=tenant is ANY_TENANT, active=True, limit=limit)
-        return [RunHandle(self, r.run_id, r.tenant, record=r) for r in found if r.orphaned and r.run_id not in self.runs]
+        ctx = self._context()
+        return [RunHandle(ctx, r.run_id, r.tenant, record=r) for r in found if r.orphaned and r.run_id not in self.runs]
 
     def resume_orphans(self, *, tenant: str | None | AnyTenant = ANY_TENANT) -> list[RunHandle]:
         """``resume`` every orphaned run whose algorithm this engine knows; returns their handles."""
@@ -412,7 +427,7 @@ class Engine:
         handle = self.runs.get(run_id) or self._finished.get(run_id)
         if handle is None and self.durable:
             record = self._stored(run_id, tenant)
-            handle = RunHandle(self, run_id, record.tenant, record=record) if record is not None else None
+            handle = RunHandle(self._context(), run_id, record.tenant, record=record) if record is not None else None
         if handle is None or not in_scope(handle.tenant, tenant):
             raise KeyError(f"no run {run_id!r}" + ("" if tenant is ANY_TENANT else " for this tenant"))
         return handle
@@ -439,7 +454,8 @@ class Engine:
             return sorted(handles, key=lambda h: h.cursor, reverse=True)[:limit]
         records = self.store.list_runs(tenant=None if tenant is ANY_TENANT else tenant,
                                        all_tenants=tenant is ANY_TENANT, limit=limit, before=before)
-        return [self.runs.get(r.run_id) or RunHandle(self, r.run_id, r.tenant, record=r) for r in records]
+        ctx = self._context()
+        return [self.runs.get(r.run_id) or RunHandle(ctx, r.run_id, r.tenant, record=r) for r in records]
 
     def pending_approvals(self, *, tenant: str | None | AnyTenant = ANY_TENANT) -> list[PendingApproval]:
         """Every call of every run (of ``tenant``) that waits for a person, oldest first: of the

@@ -9,11 +9,11 @@ from typing import Any
 
 from celery import Celery
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ToolArgsError
 from ..protocol import RUN_HEADER, TENANT_HEADER, TOOL_CALL_HEADER, task_name, usable_tool_call_id
 from ..tools.args import CheckedArgs
 from ..tools.secrets import open_raw, seal_raw, sealer_for
-from ..tools.handler import ToolHandler, store_of
+from ..tools.handler import ToolHandler, ToolTask, store_of
 from ..tools.registry import ToolRegistry
 from ..tools.tool import Tool
 from .results import ToolFact, fact_from_celery, fact_from_record
@@ -71,10 +71,13 @@ class ToolExecutor:
         say (before anything is stored or sent); raises ``ToolArgsError``."""
         return t.check(arguments, self.handlers[t.name].guards)
 
-    def shown(self, name: str, arguments: Any) -> Any:
-        """A call's arguments as events may show them (secrets redacted; see ``Tool.shown``)."""
-        t = self.registry.get(name)
-        return t.shown(arguments, self.handlers[t.name].guards) if t is not None else "<refused: unknown tool>"
+    def checked(self, t: Tool[Any, Any], arguments: Any) -> CheckedArgs | ToolArgsError:
+        """:meth:`check`, with a refusal returned rather than raised: a call's arguments are
+        checked once, and the result carried on (shown in events, approved, sent)."""
+        try:
+            return self.check(t, arguments)
+        except ToolArgsError as e:
+            return e
 
     def identity(self, name: str, arguments: Any) -> Any:
         """What a call's id digests of its raw arguments: nothing secret (see ``Tool.identity``)."""
@@ -103,9 +106,10 @@ class ToolExecutor:
         return dataclasses.replace(fact, value=fact.value[: limit - 1] + "…")
 
     async def send(self, run_id: str, tenant: str | None, call_id: str, tool_call_id: str, t: Tool,
-                   arguments: dict[str, Any]) -> ToolFact:
-        """Send one call as a guarded task (within its pool's bound) and wait for its fact."""
-        task = self.app.tasks[task_name(t.name)]
+                   checked: CheckedArgs) -> ToolFact:
+        """Send one call, its arguments checked already (:meth:`checked`), as a guarded task
+        (within its pool's bound) and wait for its fact."""
+        task: ToolTask = self.app.tasks[task_name(t.name)]  # type: ignore[assignment]  # bound by add()
         headers = {RUN_HEADER: run_id}
         if usable_tool_call_id(tool_call_id):  # the model's id, for ctx.tool_call_id only: dropped if unusable
             headers[TOOL_CALL_HEADER] = tool_call_id
@@ -113,7 +117,7 @@ class ToolExecutor:
             headers[TENANT_HEADER] = tenant
         async with self._limit(t.pool):
             result = await asyncio.to_thread(
-                task.apply_async, kwargs={"arguments": arguments}, task_id=call_id, headers=headers
+                task.apply_checked, checked, task_id=call_id, headers=headers
             )
             return self._shorten(t, await self._wait(result, call_id, t.name))
 

@@ -1,5 +1,5 @@
 """A run of an algorithm: its events, its tool calls and its outcome (its approvals:
-:mod:`aaa_celery.runtime.asking`)."""
+:mod:`aaa_celery.runtime.approvals`)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,23 @@ import asyncio
 import contextlib
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ApprovalDenied, ApprovalExpired, ToolArgsError
 from ..llm.types import LLMRequest, LLMResponse, ToolCall
 from ..protocol import mint_call_id
-from .approvals import APPROVAL_DENIED, APPROVAL_GRANTED, DENIED_MESSAGE, PendingApproval
-from .asking import RunApprovals
+from ..tools.args import CheckedArgs
+from ..tools.tool import Tool
+from .approvals import (
+    APPROVAL_DENIED,
+    APPROVAL_GRANTED,
+    DENIED_MESSAGE,
+    PendingApproval,
+    RunApprovals,
+    stored_approval,
+)
 from .results import ToolFact, fact_from_outcome, failed
 from .runstate import (
     RunRecord,
@@ -23,11 +32,11 @@ from .runstate import (
     response_from_dict,
     response_to_dict,
     run_key,
-    stored_approval,
 )
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..stores import Store
+    from .executor import ToolExecutor
 
 #: Statuses of a run that ended.
 _ENDED = ("completed", "failed", "cancelled")
@@ -62,6 +71,33 @@ class RunOutcome:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class RunContext:
+    """What a run uses of the engine that drives (or reads) it, fixed when its handle is made.
+
+    Attributes:
+        store: the store of the run's record and of its calls' results.
+        tools: the engine's tool executor (checks and sends the calls).
+        llm: the model (the engine's LLM handler); None on a view of a stored run.
+        holder: who holds the run's lease when this process drives it (host/pid/engine).
+        lease_s: how long the run's lease lasts without a heartbeat (seconds).
+        approval_ttl_s: how long a request for approval stays open (seconds).
+        durable: whether the run's state is kept in the store.
+        loop: the event loop the engine's runs live on (None before the first run).
+        ended: told when a run this process drove ends, or stops being driven here.
+    """
+
+    store: Store
+    tools: ToolExecutor
+    llm: Any
+    holder: str
+    lease_s: float
+    approval_ttl_s: float
+    durable: bool
+    loop: asyncio.AbstractEventLoop | None
+    ended: Callable[[RunHandle], None]
+
+
 class RunHandle:
     """A run of an algorithm: its id, events, approvals and outcome.
 
@@ -75,9 +111,10 @@ class RunHandle:
     decided from here, and ``result()`` waits for the outcome in the store.
     """
 
-    def __init__(self, engine: Engine, run_id: str, tenant: str | None, *,
+    def __init__(self, ctx: RunContext, run_id: str, tenant: str | None, *,
                  record: RunRecord | None = None) -> None:
-        self.engine = engine
+        #: What the run uses of its engine: store, tools, model, lease.
+        self.ctx = ctx
         self.run_id = run_id
         self.tenant = tenant
         #: The run's key in the store: ``<tenant>:<run id>``.
@@ -106,7 +143,7 @@ class RunHandle:
     @property
     def durable(self) -> bool:
         """Whether the run's state is kept in the store (any process can read and resume it)."""
-        return bool(self.engine.durable)
+        return self.ctx.durable
 
     @property
     def detached(self) -> bool:
@@ -168,8 +205,8 @@ class RunHandle:
         """Every ``aaa.*`` event of the run so far, in order (those with ``seq > after``).
         Events of a run driven elsewhere (or before a resume) come from the store."""
         if self.detached:
-            return self.engine.store.run_events(self.key, after)
-        earlier = self.engine.store.run_events(self.key, after, self._seq0 - after) if after < self._seq0 else []
+            return self.ctx.store.run_events(self.key, after)
+        earlier = self.ctx.store.run_events(self.key, after, self._seq0 - after) if after < self._seq0 else []
         return earlier + self._events[max(0, after - self._seq0):]
 
     async def result(self) -> RunOutcome:
@@ -178,7 +215,7 @@ class RunHandle:
             return await asyncio.shield(self._task)
         delay = 0.05
         while True:
-            record = await asyncio.to_thread(self.engine.store.get_run, self.key)
+            record = await asyncio.to_thread(self.ctx.store.get_run, self.key)
             if record is None:
                 raise KeyError(f"run {self.run_id!r} is no longer in the store")
             self._record = record
@@ -230,7 +267,7 @@ class RunHandle:
         if self.detached:  # a run driven elsewhere: the decision goes through the store
             self._signal(type, data)
             return
-        loop = self.engine.loop
+        loop = self.ctx.loop
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
@@ -256,7 +293,7 @@ class RunHandle:
             return
         call_id = data.get("call_id")
         if self.detached:
-            record = self.engine.store.get_run(self.key)
+            record = self.ctx.store.get_run(self.key)
             stored = record.approvals.get(call_id) if record is not None and isinstance(call_id, str) else None
             pending = stored_approval(stored) if stored is not None and stored.get("state") == "open" else None
             if pending is None:
@@ -266,7 +303,7 @@ class RunHandle:
         pending.check(data)  # digest, arguments, tenant, expiry
         granted = type == APPROVAL_GRANTED
         reason = str(data.get("reason") or "")
-        if self.durable and not self.engine.store.decide_approval(
+        if self.durable and not self.ctx.store.decide_approval(
                 self.key, pending.call_id, pending.digest, {"granted": granted, "reason": reason}):
             raise KeyError(f"the approval of call_id {call_id!r} in run {self.run_id} was decided already")
         if not self.detached:  # else the process that drives the run reads the decision from the store
@@ -279,19 +316,19 @@ class RunHandle:
         turn, self._llm_turns = self._llm_turns, self._llm_turns + 1
         writer = self._writer
         if self._replaying and writer is not None:
-            recorded = await off_loop(writer.inline, self.engine.store.recorded_turn, self.key, turn)
+            recorded = await off_loop(writer.inline, self.ctx.store.recorded_turn, self.key, turn)
             if recorded is not None:
-                response = response_from_dict(self.engine.tools.keepable_turn(recorded, opened=True))
+                response = response_from_dict(self.ctx.tools.keepable_turn(recorded, opened=True))
                 self.emit("aaa.llm.replayed", {"turn": turn, "text": response.text,
                                                "tool_calls": len(response.tool_calls)})
                 return response
             self._replaying = False  # the record ends here: from now on the model is asked
-        response: LLMResponse = await self.engine.llm.complete(request)
+        response: LLMResponse = await self.ctx.llm.complete(request)
         if writer is not None:
             try:  # first writer wins: a driver that lost the run cannot change what was recorded
-                recorded = await off_loop(writer.inline, self.engine.store.record_turn, self.key, turn,
-                                          self.engine.tools.keepable_turn(response_to_dict(response)))
-                response = response_from_dict(self.engine.tools.keepable_turn(recorded, opened=True))
+                recorded = await off_loop(writer.inline, self.ctx.store.record_turn, self.key, turn,
+                                          self.ctx.tools.keepable_turn(response_to_dict(response)))
+                response = response_from_dict(self.ctx.tools.keepable_turn(recorded, opened=True))
             except Exception as e:  # noqa: BLE001 - an unrecorded turn is asked again on a resume
                 writer.failures += 1
                 self.emit("aaa.llm.unrecorded", {"turn": turn, "error": f"{type(e).__name__}: {e}"})
@@ -311,38 +348,41 @@ class RunHandle:
         model's id (``ToolCall.id``) only threads the fact back to the model's message.
         """
         turn, self._turns = self._turns, self._turns + 1
-        tools = self.engine.tools
+        tools = self.ctx.tools
         ids = [mint_call_id(self.tenant, self.run_id, turn, n, c.name, tools.identity(c.name, c.arguments))
                for n, c in enumerate(calls)]
         return list(await asyncio.gather(*(self._call(call_id, c) for call_id, c in zip(ids, calls, strict=True))))
 
     async def _call(self, call_id: str, call: ToolCall) -> ToolFact:
+        tools = self.ctx.tools
+        t = tools.registry.get(call.name)
+        # checked once, before anything is stored or sent: the canonical form is what is sent
+        checked = tools.checked(t, call.arguments) if t is not None else None
+        shown: Any = "<refused: unknown tool>" if checked is None else \
+            checked.shown if isinstance(checked, CheckedArgs) else f"<refused: {checked}>"
         self.emit("aaa.tool.requested", {"call_id": call_id, "tool_call_id": call.id, "name": call.name,
-                                         "arguments": self.engine.tools.shown(call.name, call.arguments)})
-        fact = await self._execute(call_id, call)
+                                         "arguments": shown})
+        fact = await self._execute(call_id, call, t, checked)
         self.emit(fact.event_type, fact.event_data())
         return fact
 
-    async def _execute(self, call_id: str, call: ToolCall) -> ToolFact:
+    async def _execute(self, call_id: str, call: ToolCall, t: Tool[Any, Any] | None,
+                       checked: CheckedArgs | ToolArgsError | None) -> ToolFact:
         if call.error is not None:  # the model's call is malformed (its arguments are not JSON)
             return failed(call_id, call.name, ToolArgsError(call.error))
-        t = self.engine.tools.registry.get(call.name)
         if t is None:
-            known = ", ".join(sorted(x.name for x in self.engine.tools.registry)) or "none"
+            known = ", ".join(sorted(x.name for x in self.ctx.tools.registry)) or "none"
             return failed(call_id, call.name, ToolArgsError(f"unknown tool {call.name!r}; the tools are: {known}"))
-        try:  # checked before anything is stored or sent; the canonical form is what is sent
-            checked = self.engine.tools.check(t, call.arguments)
-        except ToolArgsError as e:
-            return failed(call_id, t.name, e)
-        arguments = checked.canonical
+        if not isinstance(checked, CheckedArgs):  # a known tool's arguments are always checked
+            return failed(call_id, t.name, checked if checked is not None else ToolArgsError(t.name))
         if t.requires_approval:  # a person sees (and approves) them with secrets redacted
             # A call that already ran (a run driven again, or resumed) has its result in the
             # store: nobody is asked to approve it again. (A new run's calls cannot have one.)
             recorded = None
             if self._driven_before:
-                recorded = await off_loop(self.engine.store.kind == "memory", self.engine.store.result, call_id)
+                recorded = await off_loop(self.ctx.store.kind == "memory", self.ctx.store.result, call_id)
             if recorded is not None:
-                return self.engine.tools._shorten(t, fact_from_outcome(call_id, t.name, recorded))
+                return self.ctx.tools._shorten(t, fact_from_outcome(call_id, t.name, recorded))
             pending, reason = await self.approvals.ask(call_id, call, t, checked.shown)
             if pending is None:
                 return failed(call_id, t.name, ApprovalExpired(reason))
@@ -354,21 +394,21 @@ class RunHandle:
             except ValueError as e:
                 return failed(call_id, t.name, ApprovalDenied(str(e)))
         try:
-            return await self.engine.tools.send(self.run_id, self.tenant, call_id, call.id, t, arguments)
+            return await self.ctx.tools.send(self.run_id, self.tenant, call_id, call.id, t, checked)
         except Exception as e:  # noqa: BLE001 - a broken send is a fact for the model, not a crash
             return failed(call_id, t.name, e)
 
     # -- driving ---------------------------------------------------------------
     async def _drive(self, algo: Any, input: Any, *, resume: bool = False) -> RunOutcome:
-        engine = self.engine
+        ctx = self.ctx
         heartbeat: asyncio.Task[None] | None = None
         try:
             if self.durable:
-                self._writer = RunWriter(engine.store, self.key)
+                self._writer = RunWriter(ctx.store, self.key)
                 self._replaying = resume
                 heartbeat = asyncio.get_running_loop().create_task(self._heartbeat())
             if resume:
-                self.emit("aaa.run.resumed", {"resumed": self.resumed, "by": engine.holder})
+                self.emit("aaa.run.resumed", {"resumed": self.resumed, "by": ctx.holder})
             else:
                 self.emit("aaa.run.started", {"input": input, "tenant": self.tenant})
             self._touch()
@@ -396,7 +436,7 @@ class RunHandle:
         finally:
             if heartbeat is not None:
                 heartbeat.cancel()
-            engine._ended(self)
+            ctx.ended(self)
 
     async def _let_go(self) -> None:
         """Write what is queued, and give the run's lease back (unless another process took it)."""
@@ -405,16 +445,16 @@ class RunHandle:
             return
         await writer.drain()
         with contextlib.suppress(Exception):
-            await off_loop(writer.inline, self.engine.store.release_run, self.key, self.engine.holder)
+            await off_loop(writer.inline, self.ctx.store.release_run, self.key, self.ctx.holder)
 
     async def _heartbeat(self) -> None:
         """Renew the run's lease; a driver that lost it (another process resumed the run) stops."""
-        engine, store = self.engine, self.engine.store
-        inline = store.kind == "memory"
+        ctx = self.ctx
+        inline = ctx.store.kind == "memory"
         while True:
-            await asyncio.sleep(engine.run_lease_s / 3)
+            await asyncio.sleep(ctx.lease_s / 3)
             try:
-                held = await off_loop(inline, store.lease_run, self.key, engine.holder, engine.run_lease_s)
+                held = await off_loop(inline, ctx.store.lease_run, self.key, ctx.holder, ctx.lease_s)
             except Exception:  # noqa: BLE001, S112 - store trouble: try again at the next beat
                 continue
             if not held:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..llm.types import LLMResponse, ToolCall, Usage
 from ..stores.runs import RunRecord, RunRecords, run_key
-from .approvals import PendingApproval
 
 if TYPE_CHECKING:
     from ..stores.base import Store
@@ -179,14 +178,5 @@ class RunWriter:
                 await asyncio.sleep(0.2)
 
 
-def stored_approval(data: dict[str, Any]) -> PendingApproval:
-    """A request for approval as the run's record keeps it (decidable from any process)."""
-    return PendingApproval(
-        data["run_id"], data["call_id"], data["tool"], data["arguments"], data["since"], data["digest"],
-        None, data.get("tool_call_id"), data.get("tenant"), data.get("expires_at", float("inf")),
-        data.get("args_hash", ""),
-    )
-
-
 __all__ = ["RunRecord", "RunWriter", "algo_name", "holder_name", "keeps_runs", "off_loop",
-           "response_from_dict", "response_to_dict", "run_key", "stored_approval"]
+           "response_from_dict", "response_to_dict", "run_key"]

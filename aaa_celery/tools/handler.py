@@ -19,6 +19,7 @@ from ..worker import use_store
 from ..worker.calls import default_key
 from . import rules
 from .registry import ToolRegistry
+from .args import CheckedArgs
 from .secrets import require_sealer, seal, sealer_for, unseal
 from .tool import Tool
 
@@ -75,9 +76,18 @@ class ToolTask(GuardedTask):
                     task_id: str | None = None, *more: Any, **options: Any) -> AsyncResult[Any]:
         """Send the call (see the class): raises ``ToolArgsError`` for arguments the tool
         refuses, before anything is stored or published."""
-        tool = type(self).tool
         args, kwargs = tuple(args or ()), dict(kwargs or {})
-        checked = tool.check(self._raw(args, kwargs, True), type(self).policy)
+        checked = type(self).tool.check(self._raw(args, kwargs, True), type(self).policy)
+        return self._send(checked, args, kwargs, task_id, more, options)
+
+    def apply_checked(self, checked: CheckedArgs, task_id: str | None = None, **options: Any) -> AsyncResult[Any]:
+        """Send a call whose arguments this tool's :meth:`Tool.check` passed already, under
+        this task's policy (the engine checks each call once, then carries the result)."""
+        return self._send(checked, (), {}, task_id, (), options)
+
+    def _send(self, checked: CheckedArgs, args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str | None,
+              more: tuple[Any, ...], options: dict[str, Any]) -> AsyncResult[Any]:
+        tool = type(self).tool
         rules.judge_send(self, checked.canonical, task_id)  # the policy's rules, before anything is sent
         sent = seal(checked.canonical, tool.secrets, require_sealer(self.app, tool.name, tool.secrets)) \
             if tool.secrets else checked.canonical

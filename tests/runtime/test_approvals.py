@@ -143,7 +143,7 @@ def test_an_undecided_request_expires_the_call_fails_as_approval_expired_and_a_l
     assert seen["expired_after_s"] >= ttl_s  # never before its time (late is fine on a loaded machine)
     assert outcome.value["text"].startswith("ApprovalExpired: nobody approved the call within 1 s")
     assert ran == [] and APPROVAL_GRANTED not in types(handle)
-    assert handle.pending_approvals() == [] and handle.engine.store.events(seen["pending"].call_id) == []
+    assert handle.pending_approvals() == [] and handle.ctx.store.events(seen["pending"].call_id) == []
     # a decision made on time still counts, with the same short expiry
     async def approve(engine: Engine, handle: RunHandle) -> None:
         [pending] = await until(handle.pending_approvals)

@@ -174,8 +174,10 @@ def test_reads_with_the_wrong_tenant_see_nothing():
     # Given a run of tenant acme that made one call and waits on a second (an approval)
     model = turns(calls(ToolCall("whoami", {}, id="call_0"), ToolCall("wire", {"to": "X", "amount": 1}, id="call_1")))
 
+    engines: list[Engine] = []
+
     async def check(handle: RunHandle) -> None:
-        engine = handle.engine
+        [engine] = engines
         [pending] = await until(handle.pending_approvals, what="the wire call waits")
         done = await until(lambda: [e["data"]["call_id"] for e in handle.events() if e["type"] == "aaa.tool.completed"])
         # Then acme (and an operator, who names no tenant) sees the run, the approval and the call
@@ -195,6 +197,7 @@ def test_reads_with_the_wrong_tenant_see_nothing():
 
     async def go() -> tuple[RunHandle, Any]:
         async with Engine() as engine:
+            engines.append(engine)
             return await drive(engine, model, check, tenant="acme")
 
     asyncio.run(go())
