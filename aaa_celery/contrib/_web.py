@@ -189,13 +189,20 @@ class AgentRuns:
                                 f"app's (TENANT(request))")
         return tenant or None
 
-    def handle(self, run_id: str) -> SyncRunHandle:
-        """The run ``run_id`` (``KeyError`` if this process does not know it)."""
-        return self.engine.get(run_id)
+    def handle(self, run_id: str, request: Any = None) -> SyncRunHandle:
+        """The run ``run_id`` (``KeyError`` if unknown). Where the id names runs of several
+        tenants (a store written before run ids were one tenant's, or two starts that raced),
+        the run of ``request``'s tenant (``TENANT(request)``), else ``KeyError`` (a 404)."""
+        try:
+            return self.engine.get(run_id)
+        except KeyError:
+            if self._tenant is None or request is None:
+                raise
+            return self.engine.get(run_id, tenant=self._tenant(request))
 
-    def pending(self, run_id: str, call_id: str) -> PendingApproval:
+    def pending(self, run_id: str, call_id: str, request: Any = None) -> PendingApproval:
         """The call ``call_id`` of run ``run_id`` that waits for a person (``KeyError`` if none)."""
-        for p in self.engine.get(run_id).pending_approvals():
+        for p in self.handle(run_id, request).pending_approvals():
             if p.call_id == call_id:
                 return p
         raise KeyError(f"no pending approval for call_id {call_id!r} in run {run_id!r}")
@@ -204,9 +211,9 @@ class AgentRuns:
         """Start a run of the algorithm on ``{"task": task}``."""
         return self.engine.start(self.algorithm, {"task": task}, tenant=tenant or None)
 
-    def run(self, run_id: str, after: int = 0) -> dict[str, Any]:
+    def run(self, run_id: str, after: int = 0, request: Any = None) -> dict[str, Any]:
         """A run's status, events (``seq > after``), pending approvals and outcome (``KeyError`` if unknown)."""
-        handle = self.engine.get(run_id)
+        handle = self.handle(run_id, request)
         outcome = handle.outcome
         return _plain({
             "run_id": run_id,
@@ -227,17 +234,21 @@ class AgentRuns:
     def approvals(self, request: Any = None) -> list[dict[str, Any]]:
         """Every pending approval (of the runs ``request`` may see, when given), oldest first: tool,
         arguments, run, tenant, since, expiry and digest."""
-        seen: dict[str, bool] = {}
+        seen: dict[tuple[str | None, str], bool] = {}
 
         def visible(p: PendingApproval) -> bool:
-            if p.run_id not in seen:
-                seen[p.run_id] = self.allowed(request, self.engine.get(p.run_id))
-            return seen[p.run_id]
+            key = (p.tenant, p.run_id)  # a run id may name runs of several tenants (see ``handle``)
+            if key not in seen:
+                try:
+                    seen[key] = self.allowed(request, self.engine.get(p.run_id, tenant=p.tenant))
+                except KeyError:  # the run ended since it was listed
+                    seen[key] = False
+            return seen[key]
 
         return _plain([p.to_dict() for p in self.engine.pending_approvals() if request is None or visible(p)])
 
     def decide(self, run_id: str, call_id: str, decision: str, *, digest: str | None, reason: str = "",
-               tenant: str | None = None) -> None:
+               tenant: str | None = None, request: Any = None) -> None:
         """A person's decision on a pending call, bound to the request shown by its ``digest``.
 
         ``tenant``, when given, must be the run's tenant (an app's own view passes the
@@ -249,7 +260,7 @@ class AgentRuns:
         """
         if decision not in DECISIONS:
             raise ValueError(f"decision must be one of {DECISIONS}, got {decision!r}")
-        handle = self.engine.get(run_id)
+        handle = self.handle(run_id, request) if tenant is None else self.engine.get(run_id, tenant=tenant)
         if tenant is not None and tenant != handle.tenant:
             raise KeyError(f"no run {run_id!r} for tenant {tenant!r}")
         if not isinstance(digest, str) or not digest:
@@ -259,9 +270,9 @@ class AgentRuns:
         else:
             handle.deny(call_id, digest, reason)
 
-    def attempts(self, run_id: str) -> list[dict[str, Any]]:
+    def attempts(self, run_id: str, request: Any = None) -> list[dict[str, Any]]:
         """Each tool call of the run with its audit trail from the store (attempts, result)."""
-        handle = self.engine.get(run_id)
+        handle = self.handle(run_id, request)
         requested = [e["data"] for e in handle.events() if e["type"] == "aaa.tool.requested"]
         store = self.engine.store
         out = []

@@ -185,7 +185,7 @@ def _allowed(run: SyncRunHandle | None = None, call: PendingApproval | None = No
 def _run(run_id: str) -> SyncRunHandle:
     """The run, if this request may see it (404 unknown, 403 refused)."""
     try:
-        handle = _runs().handle(run_id)
+        handle = _runs().handle(run_id, request)
     except KeyError:
         abort(404)
     _allowed(handle)
@@ -254,13 +254,13 @@ def show_run(run_id: str) -> ResponseReturnValue:
 @blueprint.get("/runs/<run_id>/events")
 def run_events(run_id: str) -> ResponseReturnValue:
     _run(run_id)
-    return jsonify(_runs().run(run_id, request.args.get("after", 0, type=int)))
+    return jsonify(_runs().run(run_id, request.args.get("after", 0, type=int), request))
 
 
 @blueprint.get("/runs/<run_id>/attempts")
 def run_attempts(run_id: str) -> ResponseReturnValue:
     _run(run_id)
-    return jsonify(calls=_runs().attempts(run_id))
+    return jsonify(calls=_runs().attempts(run_id, request))
 
 
 @blueprint.get("/approvals")
@@ -272,14 +272,14 @@ def approvals() -> ResponseReturnValue:
 def decide(run_id: str, call_id: str) -> ResponseReturnValue:
     handle = _run(run_id)
     try:
-        pending = _runs().pending(run_id, call_id)
+        pending = _runs().pending(run_id, call_id, request)
     except KeyError as e:
         return _error(404, str(e.args[0] if e.args else e))
     runs = _allowed(handle, pending)
     body = (request.get_json(silent=True) if request.is_json else request.form) or {}
     try:
         runs.decide(run_id, call_id, str(body.get("decision", "")), digest=body.get("digest"),
-                    reason=str(body.get("reason") or ""))
+                    reason=str(body.get("reason") or ""), request=request)
     except KeyError as e:
         return _error(404, str(e.args[0] if e.args else e))
     except ValueError as e:

@@ -228,12 +228,13 @@ class Engine:
                 and reaches every tool as ``ctx.tenant``.
             run_id: optional; a fresh ``run_<hex>`` by default. Starting a run id again
                 (for the same tenant) drives it again: each call it makes again finds its
-                recorded result.
+                recorded result. A run id is one tenant's: one that the engine or the store
+                knows as another tenant's is refused.
 
         Raises:
             InvalidId: an empty, over-long or control-character tenant or run id.
-            ConfigError: the run is still running, or this engine knows ``run_id`` as
-                another tenant's run.
+            ConfigError: the run is still running, or ``run_id`` is another tenant's run
+                (in this engine or in the store).
         """
         if self.llm is None:
             raise ConfigError("Engine: no model attached; call LLMHandler(client).attach(engine) first")
@@ -241,7 +242,7 @@ class Engine:
         run_id = check_run_id(run_id) if run_id is not None else f"run_{uuid.uuid4().hex[:12]}"
         known = self.runs.get(run_id) or self._finished.get(run_id)
         stored = self.store.get_run(run_key(tenant, run_id)) if self.durable and known is None else None
-        if known is not None and known.tenant != tenant:
+        if (known is not None and known.tenant != tenant) or self._taken_by_another_tenant(run_id, tenant):
             raise ConfigError(f"Engine.start: run id {run_id!r} is taken by another tenant's run; "
                               "a run id belongs to one tenant, choose another")
         if (known is not None and not known.done) or (stored is not None and stored.holder is not None):
@@ -256,10 +257,20 @@ class Engine:
             if stored is not None or known is not None:
                 self.store.forget_run(handle.key)
             self._claim(handle)
+            if stored is None and known is None and self._taken_by_another_tenant(run_id, tenant):
+                # another tenant's start of this id raced ours: both records are written now,
+                # so at least the later of the two reads sees both, and withdraws
+                self.store.forget_run(handle.key)
+                raise ConfigError(f"Engine.start: run id {run_id!r} was just taken by another tenant's run; "
+                                  "a run id belongs to one tenant, choose another")
         self._finished.pop(run_id, None)
         self.runs[handle.run_id] = handle
         handle._task = loop.create_task(handle._drive(algo, input))
         return handle
+
+    def _taken_by_another_tenant(self, run_id: str, tenant: str | None) -> bool:
+        """Whether the store holds a run of this id for another tenant (a run id is one tenant's)."""
+        return self.durable and any(r.tenant != tenant for r in self.store.find_runs(run_id))
 
     def _use_loop(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
@@ -465,7 +476,8 @@ class Engine:
             now = time.time()
             for record in self.store.list_runs(tenant=None if tenant is ANY_TENANT else tenant,
                                                all_tenants=tenant is ANY_TENANT, active=True, limit=10_000):
-                if record.run_id not in self.runs and record.status == "waiting":
+                live = self.runs.get(record.run_id)
+                if (live is None or live.tenant != record.tenant) and record.status == "waiting":
                     found.extend(stored_approval(a) for a in record.approvals.values()
                                  if a.get("state") == "open" and a.get("expires_at", 0) > now)
         return sorted(found, key=lambda p: p.since)

@@ -80,7 +80,7 @@ def _runs_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]
 
 def _run(runs: AgentRuns, request: HttpRequest, run_id: str) -> SyncRunHandle | None:
     """The run (``KeyError`` if unknown), or None if this request may not see it."""
-    handle = runs.handle(run_id)
+    handle = runs.handle(run_id, request)
     return handle if runs.allowed(request, handle) else None
 
 
@@ -170,7 +170,7 @@ def events(request: HttpRequest, runs: AgentRuns, run_id: str) -> HttpResponse:
         after = int(request.GET.get("after", 0))
     except ValueError:
         after = 0
-    return JsonResponse(runs.run(run_id, after))
+    return JsonResponse(runs.run(run_id, after, request))
 
 
 @require_GET
@@ -180,7 +180,7 @@ def attempts(request: HttpRequest, runs: AgentRuns, run_id: str) -> HttpResponse
     """JSON: each call's audit trail from the store."""
     if _run(runs, request, run_id) is None:
         return _forbidden()
-    return JsonResponse({"calls": runs.attempts(run_id)})
+    return JsonResponse({"calls": runs.attempts(run_id, request)})
 
 
 @require_GET
@@ -202,13 +202,13 @@ def decide(request: HttpRequest, runs: AgentRuns, run_id: str, call_id: str) -> 
     handle = _run(runs, request, run_id)
     if handle is None:
         return _forbidden()
-    pending: PendingApproval = runs.pending(run_id, call_id)
+    pending: PendingApproval = runs.pending(run_id, call_id, request)
     if not runs.allowed(request, handle, pending):
         return _forbidden()
     body = _body(request)
     try:
         runs.decide(run_id, call_id, str(body.get("decision", "")), digest=body.get("digest"),
-                    reason=str(body.get("reason") or ""))
+                    reason=str(body.get("reason") or ""), request=request)
     except ValueError as e:
         return _error(409, str(e))
     if request.content_type == "application/json":
