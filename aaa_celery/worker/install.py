@@ -5,7 +5,8 @@ guard's signal receivers, each with a ``dispatch_uid`` so it is connected once
 however often it runs: ``worker_process_init`` (a forked pool child opens its own
 store connections), ``before_task_publish`` (captures a guarded task's message as
 sent, for recovery; it ignores every other publish) and ``task_revoked`` (records a
-revoked or expired guarded call, so nothing runs it again). ``GuardedTask`` calls it when a task is bound to an app;
+revoked or expired guarded call, so nothing runs it again); it also has Celery's settings
+table mask the ``aaa_*`` settings' passwords (:mod:`.masking`). ``GuardedTask`` calls it when a task is bound to an app;
 :func:`install` also checks the app's settings first.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 
 from celery.signals import before_task_publish, task_postrun, task_revoked, worker_process_init
 
+from . import masking
 from .bootstep import RecoveryStep
 from .metrics import MetricsStep
 from .messages import MessageCheck
@@ -41,6 +43,7 @@ def attach(app: Any) -> Any:
     before_task_publish.connect(on_before_publish, weak=False, dispatch_uid="aaa_celery.capture_message")
     task_revoked.connect(on_task_revoked, weak=False, dispatch_uid="aaa_celery.record_revoked")
     task_postrun.connect(close_open_span, weak=False, dispatch_uid="aaa_celery.tracing.close_open_span")
+    masking.install()  # inspect conf and report mask the aaa_* settings' passwords
     return app
 
 

@@ -2,6 +2,7 @@
 run in real ``celery worker`` processes. Configured from environment variables:
 
 - ``AAA_TRUST_BROKER``: broker URL (required); also the result backend and the store.
+- ``AAA_TRUST_STORE``: the store's URL (``aaa_store_url``), when not the broker's.
 - ``AAA_TRUST_ACCEPT``: ``accept_content``, comma separated (default ``json``).
 - ``AAA_TRUST_BUDGET``: the refund budget per customer and day (default 5), a
   ``Budget`` rule of the refund tool's ``GuardPolicy``.
@@ -38,6 +39,8 @@ def make_app(env: Mapping[str, str]) -> Celery:
         aaa_guard={"lease_ttl_s": 5, "wait_poll_s": 0.25},
         aaa_recovery_interval_s=1,
     )
+    if env.get("AAA_TRUST_STORE"):
+        app.conf.aaa_store_url = env["AAA_TRUST_STORE"]
     app.conf.task_queues = [Queue("celery", routing_key="celery"), Queue("aaa.default", routing_key="aaa.default")]
     ledger: Ledger | None = None
 
