@@ -2,7 +2,8 @@
 
 Each check returns one :class:`Check`, ``pass``, ``warn`` or ``fail``, with what it saw
 and what to do. The checks read the app (its settings and its guarded tasks), the store
-that the app's guarded tasks use, and, where it can be asked, the fleet.
+that the app's guarded tasks use, and, where it can be asked, the fleet. A check that
+raises is a failed check line naming the error, never a traceback that hides the others.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 
 from ..errors import AAACeleryError, UnsafeDeployment
 from ..stores import Store
+from ..worker.setting_names import name_problems, spelled
+from ..worker.settings import ALLOW_PROCESS_LOCAL, process_local
 from ..worker.stores import app_store, store_url
 
 #: Clock skew between this host and the store, in seconds, that is worth a warning / a failure.
@@ -91,7 +94,8 @@ def check_visibility_timeout(app: Any, tasks: list[Any]) -> Check:
     if vt < longest:
         return Check("warn", "visibility_timeout", f"{vt:g} s is below a task's timeout_s ({longest:g} s): long "
                      "calls are redelivered while they run (the guard drops the copies)")
-    return Check("pass", "visibility_timeout", f"{vt:g} s, above lease TTLs ({ttl:g} s) and timeouts ({longest:g} s)")
+    timeouts = f"timeouts ({longest:g} s)" if longest else "timeouts (no task sets timeout_s)"
+    return Check("pass", "visibility_timeout", f"{vt:g} s, above lease TTLs ({ttl:g} s) and {timeouts}")
 
 
 #: RabbitMQ's default ``consumer_timeout`` (ms): a delivery unacked that long closes the channel.
@@ -125,36 +129,91 @@ def check_consumer_timeout(app: Any, tasks: list[Any]) -> Check | None:
     return Check("pass", name, f"every timeout_s is below consumer_timeout ({limit_ms / 1000:g} s)")
 
 
-def _import(target: str) -> Any:
-    module, _, attr = target.partition(":")
-    obj = __import__(module, fromlist=["_"])
-    for part in (attr or "app").split("."):
+def check_setting_names(app: Any, tasks: list[Any]) -> Check:
+    """``aaa_*`` settings that do nothing as written (a typo, an unprefixed name beside a
+    namespace): what ``bind()`` and worker start refuse, for an app that ``bind()`` never saw."""
+    errors, warns = name_problems(app)
+    if errors:
+        return Check("fail", "setting names", "; ".join(errors))
+    if warns:
+        return Check("warn", "setting names", "; ".join(warns))
+    return Check("pass", "setting names", "every aaa_* setting is one, as Celery reads it")
+
+
+def check_store_scope(app: Any, tasks: list[Any]) -> Check:
+    """A store held in one process's memory is no store a fleet can share."""
+    url = store_url(app)
+    if not process_local(url):
+        return Check("pass", "store shared", f"every process opens the same {url.partition(':')[0]} store")
+    detail = (f"{_safe(url)} is held in one process's memory: each worker, each of its pool processes and "
+              "this command has a store of its own, so the guard cannot keep a call from running twice")
+    if app.conf.get(ALLOW_PROCESS_LOCAL):
+        return Check("warn", "store shared", f"{detail} ({spelled(app, ALLOW_PROCESS_LOCAL)} is on: tests only)")
+    return Check("fail", "store shared", f"{detail}; set {spelled(app, 'aaa_store_url')} to a redis://, "
+                 "postgresql+psycopg:// or sqlite:/// URL")
+
+
+#: The names a Flask app is looked up by in a module, when the target names none (as ``flask --app``).
+FLASK_APP_NAMES = ("app", "application", "create_app", "make_app")
+
+
+def _flask_app(target: str) -> Any:
+    """The Flask app ``module:app``, ``module:create_app`` (called) or ``module`` (its ``app``,
+    ``application``, ``create_app`` or ``make_app``)."""
+    import importlib
+
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    found = [n for n in FLASK_APP_NAMES if hasattr(module, n)]
+    attr = attr or (found[0] if found else "")
+    if not attr:
+        raise LookupError(f"module {module_name!r} has none of {', '.join(FLASK_APP_NAMES)}")
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            hint = f" (it has {', '.join(found)}: try {module_name}:{found[0]})" if found else ""
+            raise LookupError(f"module {module_name!r} has no {attr!r}{hint}")
         obj = getattr(obj, part)
-    return obj
+    return obj if hasattr(obj, "config") else obj()
+
+
+def _django_pages_settings() -> Any:
+    """The Django settings, when the aaa pages (``aaa_celery.contrib.django``) are installed."""
+    if not os.environ.get("DJANGO_SETTINGS_MODULE"):
+        return None
+    from django.conf import settings
+
+    installed = [str(a) for a in getattr(settings, "INSTALLED_APPS", None) or []]
+    if not any(a == "aaa_celery.contrib.django" or a.startswith("aaa_celery.contrib.django.") for a in installed):
+        return None  # a project without the pages has no routes to protect
+    return settings
 
 
 def check_web_authorize(flask_app: str | None = None) -> Check | None:
     """The agent-run web routes need an ``AUTHORIZE`` hook; ``ALLOW_ANONYMOUS`` lets anyone
-    approve calls (development only). Reads the Flask app ``flask_app`` (``module:app`` or
-    ``module:create_app``), else the Django settings named by ``DJANGO_SETTINGS_MODULE``."""
+    approve calls (development only). Reads the Flask app ``flask_app`` (``module:app``,
+    ``module:create_app`` or ``module``), else the Django settings named by
+    ``DJANGO_SETTINGS_MODULE`` when ``aaa_celery.contrib.django`` is in ``INSTALLED_APPS``.
+    None when no aaa web app is known."""
     name = "web authorize"
     if flask_app:
         try:
-            app = _import(flask_app)
-            if not hasattr(app, "config"):
-                app = app()
+            app = _flask_app(flask_app)
         except AAACeleryError as e:  # init_app refuses routes without a hook
             return Check("fail", name, f"{flask_app}: {e}")
+        except Exception as e:  # noqa: BLE001 - an app that cannot be loaded is what to report
+            return Check("fail", name, f"{flask_app}: cannot load the Flask app: {type(e).__name__}: {e}")
+        if "aaa_celery" not in getattr(app, "extensions", {}):
+            return Check("warn", name, f"{flask_app} does not use AAACelery (no init_app): no aaa pages to check")
         authorize, anonymous = app.config.get("AAA_CELERY_AUTHORIZE"), app.config.get("AAA_CELERY_ALLOW_ANONYMOUS")
         where = f"{flask_app} AAA_CELERY_AUTHORIZE"
-    elif os.environ.get("DJANGO_SETTINGS_MODULE"):
-        from django.conf import settings
-
+    else:
+        settings = _django_pages_settings()
+        if settings is None:
+            return None
         config = getattr(settings, "AAA_CELERY", None) or {}
         authorize, anonymous = config.get("AUTHORIZE"), config.get("ALLOW_ANONYMOUS")
         where = "AAA_CELERY['AUTHORIZE']"
-    else:
-        return None
     if authorize:
         return Check("pass", name, f"{where} is set")
     if anonymous:
@@ -231,34 +290,60 @@ def _safe(url: str) -> str:
     return f"{scheme}{sep}{creds.partition(':')[0]}:***@{host}"
 
 
-def diagnose(app: Any, *, ping_timeout_s: float = 1.0, flask_app: str | None = None) -> list[Check]:
-    """Every check, in order (those that do not apply to this deployment are left out)."""
-    tasks = guarded_tasks(app)
-    checks = [check(app, tasks) for check in (check_acks_late, check_reject_on_worker_lost, check_serializers,
-                                               check_prefetch, check_visibility_timeout)]
-    rabbit = check_consumer_timeout(app, tasks)
-    if rabbit is not None:
-        checks.append(rabbit)
-    store, error = None, None
+def check_store_schema(store: Store) -> Check | None:
+    """The store's schema version, for a store that reports one (``schema_version()``, once
+    stores carry a versioned format); None for one that does not."""
+    version = getattr(store, "schema_version", None)
+    if not callable(version):
+        return None
+    return Check("pass", "store schema", f"version {version()}")
+
+
+def _checked(name: str, check: Callable[..., Check | None], *args: Any) -> Check | None:
+    """``check(*args)``; a check that raises is a failed line naming the error."""
+    try:
+        return check(*args)
+    except Exception as e:  # noqa: BLE001 - one broken check must not hide the others
+        return Check("fail", name, f"the check could not run: {type(e).__name__}: {e}")
+
+
+def _open_store(app: Any) -> tuple[Store | None, list[Check]]:
+    """The app's store, and the failed lines when it cannot be opened or reached."""
     try:
         store = app_store(app)
         store.now()
+        return store, []
     except UnsafeDeployment as e:  # PostgreSQL behind a transaction-pooling proxy
-        store, error = None, f"{type(e).__name__}: {e}"
-        checks.append(Check("fail", "postgres pooler mode", str(e)))
-    except (AAACeleryError, OSError) as e:
-        store, error = None, f"{type(e).__name__}: {e}"
-    checks.append(check_store(app, tasks, store, error))
-    if store is not None and store.kind == "postgresql":
-        checks.append(Check("pass", "postgres pooler mode", "the store's sessions stay pinned (no "
-                            "transaction-pooling proxy): its leases, session advisory locks, hold"))
+        error = f"{type(e).__name__}: {e}"
+        return None, [Check("fail", "postgres pooler mode", str(e)), check_store(app, [], None, error)]
+    except Exception as e:  # noqa: BLE001 - a bad URL or driver error is a finding too
+        return None, [check_store(app, [], None, f"{type(e).__name__}: {e}")]
+
+
+def diagnose(app: Any, *, ping_timeout_s: float = 1.0, flask_app: str | None = None) -> list[Check]:
+    """Every check, in order (those that do not apply to this deployment are left out)."""
+    found: list[Check | None] = []
+    try:
+        tasks = guarded_tasks(app)
+    except Exception as e:  # noqa: BLE001 - the app's task modules did not import
+        tasks = []
+        found.append(Check("fail", "guarded tasks", f"cannot import the app's tasks: {type(e).__name__}: {e}"))
+    for name, check in (("setting names", check_setting_names), ("acks_late", check_acks_late),
+                        ("reject_on_worker_lost", check_reject_on_worker_lost), ("serializers", check_serializers),
+                        ("prefetch", check_prefetch), ("visibility_timeout", check_visibility_timeout),
+                        ("rabbitmq consumer_timeout", check_consumer_timeout)):
+        found.append(_checked(name, check, app, tasks))
+    store, failed = _open_store(app)
+    found.extend(failed)
     if store is not None:
-        aof = check_redis_aof(store)
-        if aof is not None:
-            checks.append(aof)
-        checks.append(check_clock(store))
-    checks.append(check_node_names(app, ping_timeout_s))
-    web = check_web_authorize(flask_app)
-    if web is not None:
-        checks.append(web)
-    return checks
+        found.append(_checked("store reachable", check_store, app, tasks, store, None))
+        found.append(_checked("store shared", check_store_scope, app, tasks))
+        found.append(_checked("store schema", check_store_schema, store))
+        if store.kind == "postgresql":
+            found.append(Check("pass", "postgres pooler mode", "the store's sessions stay pinned (no "
+                               "transaction-pooling proxy): its leases, session advisory locks, hold"))
+        found.append(_checked("redis persistence", check_redis_aof, store))
+        found.append(_checked("clock skew", check_clock, store))
+    found.append(_checked("worker node names", check_node_names, app, ping_timeout_s))
+    found.append(_checked("web authorize", check_web_authorize, flask_app))
+    return [c for c in found if c is not None]

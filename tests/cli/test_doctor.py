@@ -274,3 +274,37 @@ def test_postgres_behind_a_transaction_pooling_pgbouncer_fails(healthy, pgbounce
     assert code == 1, output
     assert statuses["postgres pooler mode"] == "fail" and "transaction-pooling" in output
     assert statuses["store reachable"] == "fail"
+
+
+def test_a_mistyped_setting_fails_instead_of_passing_the_brokers_store(healthy):
+    """Red on c79799f: with aaa_store_ulr set (and aaa_store_url unset) doctor said 'PASS store
+    reachable' about the broker's Redis, not the store the user meant."""
+    with setting(aaa_store_ulr="redis://127.0.0.1:1/5"):
+        code, statuses, output = doctor()
+        app.conf.changes.pop("aaa_store_ulr", None)
+    assert code == 1 and statuses["setting names"] == "fail", output
+    assert "aaa_store_ulr: not a setting of aaa_celery; did you mean 'aaa_store_url'" in output
+
+
+def test_a_memory_store_fails_as_a_store_no_fleet_shares(healthy):
+    """Red on c79799f: doctor passed a memory:// store, which no two processes share."""
+    point_at(healthy, "memory://")
+    code, statuses, output = doctor()
+    assert code == 1 and statuses["store shared"] == "fail", output
+    with setting(aaa_allow_process_local_store=True):
+        code, statuses, output = doctor()
+        app.conf.changes.pop("aaa_allow_process_local_store", None)
+    assert statuses["store shared"] == "warn" and "tests only" in output, output
+
+
+def test_a_check_that_raises_is_a_failed_line_and_the_others_still_run(healthy, monkeypatch):
+    from aaa_celery.cli import doctor as checks
+
+    def broken(store):
+        raise RuntimeError("INFO refused")
+
+    monkeypatch.setattr(checks, "check_clock", broken)
+    code, statuses, output = doctor()
+    assert code == 1 and statuses["clock skew"] == "fail", output
+    assert "RuntimeError: INFO refused" in output and "Traceback" not in output
+    assert statuses["worker node names"] == "pass", output
