@@ -19,6 +19,8 @@ import difflib
 from typing import Any
 
 #: Every Celery setting of aaa_celery: name -> what it is (defaults in parentheses).
+#: A new setting goes here, in the same change as the code that reads it: bind() and worker
+#: start refuse any aaa_* name missing from this table.
 SETTINGS: dict[str, str] = {
     "aaa_store_url": "the guard's store, shared by every worker (the broker's Redis server)",
     "aaa_store_options": "keyword options of the store: key_prefix, shards, retention_s, ... ({})",
@@ -48,6 +50,9 @@ SETTINGS: dict[str, str] = {
 #: How alike (difflib's ratio) a name Celery does not read must be to one of ours to be
 #: taken for a typo of it: the project's own ``AAA_*`` settings are left alone.
 NEAR_MISS = 0.85
+
+#: The namespace Django projects give Celery, spotted on an app configured without one.
+UNUSED_PREFIX = "CELERY_"
 
 #: Upper-case ``AAA_*`` names that are not Celery settings: the Django integration's own.
 NOT_CELERY_SETTINGS = frozenset({"AAA_CELERY"})
@@ -98,7 +103,9 @@ def name_problems(app: Any) -> tuple[list[str], list[str]]:
     warns: list[str] = []
     for key in _set_names(app.conf):
         low = key.lower()
-        name = low[len(prefix):] if prefix and low.startswith(prefix.lower()) else low
+        # without a namespace, CELERY_AAA_* is a Django project that forgot namespace='CELERY'
+        strip = prefix or (UNUSED_PREFIX if low.startswith(UNUSED_PREFIX.lower() + "aaa_") else None)
+        name = low[len(strip):] if strip and low.startswith(strip.lower()) else low
         if not name.startswith("aaa_") or key in NOT_CELERY_SETTINGS:
             continue
         prefixed = prefix is not None and low.startswith(prefix.lower())
@@ -111,12 +118,18 @@ def name_problems(app: Any) -> tuple[list[str], list[str]]:
             errors.append(f"{key}: not a setting of aaa_celery{hint} (the settings are listed in "
                           "aaa_celery.worker.setting_names.SETTINGS)")
             continue
-        how = (f"this app reads its Celery settings with namespace={prefix.rstrip('_')!r}, so it reads "
-               f"{spelled(app, name)} (or app.conf.{name})" if prefix
-               else f"Celery reads lower-case names here ({name})")
+        if prefix:
+            how = (f"this app reads its Celery settings with namespace={prefix.rstrip('_')!r}, so it reads "
+                   f"{spelled(app, name)} (or app.conf.{name})")
+        elif strip:
+            how = (f"this app reads its Celery settings without a namespace, so it reads {name}; configure it "
+                   f"with config_from_object(..., namespace={UNUSED_PREFIX.rstrip('_')!r}) to use {key}")
+        else:
+            how = f"Celery reads lower-case names here ({name})"
         near = difflib.get_close_matches(name, SETTINGS, n=1, cutoff=NEAR_MISS)
         if name in SETTINGS:
-            errors.append(f"{key} is set but Celery ignores it: {how}; rename it {spelled(app, name)}")
+            rename = "or rename it" if strip and not prefix else "rename it"
+            errors.append(f"{key} is set but Celery ignores it: {how}; {rename} {spelled(app, name)}")
         elif near:
             warns.append(f"{key} is not read by Celery ({how}); if it is meant for aaa_celery, did you "
                          f"mean {spelled(app, near[0])}?")

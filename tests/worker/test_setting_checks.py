@@ -86,6 +86,17 @@ def test_a_django_projects_unprefixed_aaa_setting_is_reported_in_the_apps_spelli
     assert "did you mean CELERY_AAA_STORE_URL" in texts[0]
 
 
+def test_a_django_project_configured_without_its_namespace_is_told_so():
+    """CELERY_AAA_STORE_URL in settings read without namespace='CELERY': Celery reads neither
+    it nor CELERY_BROKER_URL's new-style twin as aaa_celery's; it was ignored in silence."""
+    app = Celery("names_no_namespace", set_as_current=False)
+    app.config_from_object(types.SimpleNamespace(CELERY_AAA_STORE_URL="redis://127.0.0.1:1/5", BROKER_URL=
+                                                 "redis://127.0.0.1:1/0", CELERY_ACCEPT_CONTENT=["json"]))
+    with pytest.raises(ConfigError, match=r"CELERY_AAA_STORE_URL is set but Celery ignores it: .*without a "
+                                          r"namespace.*namespace='CELERY'.*or rename it aaa_store_url"):
+        bind(app)
+
+
 def test_errors_name_settings_as_a_namespaced_app_spells_them():
     app = django_app(CELERY_BROKER_URL="amqp://guest@127.0.0.1:1//")
     with pytest.raises(ConfigError) as err:
