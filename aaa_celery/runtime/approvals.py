@@ -258,7 +258,7 @@ class RunApprovals:
         return (f"nobody approved the call within {self.run.ctx.approval_ttl_s:g} s; it was not sent. "
                 f"Ask for it again if it is still needed: a person must approve it again")
 
-    async def ask(self, call_id: str, call: ToolCall, t: Tool,
+    async def ask(self, call_id: str, call: ToolCall, t: Tool[..., Any],
                   arguments: dict[str, Any]) -> tuple[PendingApproval | None, str | None]:
         """Ask a person about exactly ``arguments`` and wait, at most ``engine.approval_ttl_s``.
 

@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 from celery import Celery
-from celery.result import _set_task_join_will_block
+from celery.result import _set_task_join_will_block  # type: ignore[attr-defined]  # Celery's own, not in celery-types
 
 
 def embedded_app(engine_id: str) -> Celery:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
@@ -35,7 +36,7 @@ class ToolExecutor:
         self.pool_sizes: dict[str, int] = {}
         self._limits: dict[str, asyncio.Semaphore] = {}
 
-    def add(self, handler: ToolHandler) -> list[Tool]:
+    def add(self, handler: ToolHandler) -> list[Tool[..., Any]]:
         """Merge ``handler``'s tools (the first handler to size a pool sets its bound)."""
         handler.check()
         added = []
@@ -66,7 +67,7 @@ class ToolExecutor:
             limit = self._limits[pool] = asyncio.Semaphore(self.pool_sizes.get(pool, DEFAULT_POOL_SIZE))
         return limit
 
-    def check(self, t: Tool, arguments: Any) -> CheckedArgs:
+    def check(self, t: Tool[..., Any], arguments: Any) -> CheckedArgs:
         """Check a call's arguments as its handler's ``GuardPolicy`` and the tool's schema
         say (before anything is stored or sent); raises ``ToolArgsError``."""
         return t.check(arguments, self.handlers[t.name].guards)
@@ -88,24 +89,26 @@ class ToolExecutor:
         """A recorded model turn (``response_to_dict``) with its tool calls' secret arguments
         sealed (``opened``: opened again, to replay it); see :mod:`aaa_celery.tools.secrets`."""
         calls = turn.get("tool_calls") or []
-        secret = [getattr(self.registry.get(c.get("name")), "secrets", frozenset()) for c in calls]
+        secret: list[frozenset[str]] = [getattr(self.registry.get(c.get("name")), "secrets", frozenset())
+                                        for c in calls]
         if not any(secret):
             return turn
         sealer = sealer_for(self.app)
         if sealer is None:
             return turn  # bind() refuses secret tools without a key: not reached
-        change = (lambda a, s: open_raw(a, s, sealer)) if opened else (lambda a, s: seal_raw(a, s, sealer))
+        change: Callable[[Any, frozenset[str]], Any] = (lambda a, s: open_raw(a, s, sealer)) if opened \
+            else (lambda a, s: seal_raw(a, s, sealer))
         return {**turn, "tool_calls": [{**c, "arguments": change(c.get("arguments"), s)}
                                        for c, s in zip(calls, secret, strict=True)]}
 
-    def _shorten(self, t: Tool, fact: ToolFact) -> ToolFact:
+    def _shorten(self, t: Tool[..., Any], fact: ToolFact) -> ToolFact:
         """Apply the handler's ``GuardPolicy.max_result_chars`` to a text result."""
         limit = self.handlers[t.name].guards.max_result_chars
         if not (fact.ok and limit and isinstance(fact.value, str) and len(fact.value) > limit):
             return fact
         return dataclasses.replace(fact, value=fact.value[: limit - 1] + "…")
 
-    async def send(self, run_id: str, tenant: str | None, call_id: str, tool_call_id: str, t: Tool,
+    async def send(self, run_id: str, tenant: str | None, call_id: str, tool_call_id: str, t: Tool[..., Any],
                    checked: CheckedArgs) -> ToolFact:
         """Send one call, its arguments checked already (:meth:`checked`), as a guarded task
         (within its pool's bound) and wait for its fact."""

@@ -318,12 +318,12 @@ class RunHandle:
         if self._replaying and writer is not None:
             recorded = await off_loop(writer.inline, self.ctx.store.recorded_turn, self.key, turn)
             if recorded is not None:
-                response = response_from_dict(self.ctx.tools.keepable_turn(recorded, opened=True))
+                response: LLMResponse = response_from_dict(self.ctx.tools.keepable_turn(recorded, opened=True))
                 self.emit("aaa.llm.replayed", {"turn": turn, "text": response.text,
                                                "tool_calls": len(response.tool_calls)})
                 return response
             self._replaying = False  # the record ends here: from now on the model is asked
-        response: LLMResponse = await self.ctx.llm.complete(request)
+        response = await self.ctx.llm.complete(request)
         if writer is not None:
             try:  # first writer wins: a driver that lost the run cannot change what was recorded
                 recorded = await off_loop(writer.inline, self.ctx.store.record_turn, self.key, turn,
