@@ -9,7 +9,7 @@ from typing import Any
 from celery import bootsteps
 
 from .events import TASK_EVENTS_SETTING
-from .recovery import DEFAULT_INTERVAL_S, Sweeper
+from .recovery import RecoverySettings, Sweeper
 from .settings import check_settings, check_worker_processes
 
 
@@ -28,16 +28,16 @@ class RecoveryStep(bootsteps.StartStopStep):
         check_settings(worker.app)
         check_worker_processes(worker.app, getattr(worker, "pool_cls", None), getattr(worker, "concurrency", 1),
                                kwargs.get("autoscale"))
+        self.interval_s = RecoverySettings.of(worker.app).interval_s  # a value that is no number fails here
         # Before the pool starts, so prefork children inherit it.
         worker.app.conf[TASK_EVENTS_SETTING] = bool(getattr(worker, "task_events", False))
         self.sweeper: Sweeper | None = None
         self.name_ = f"{getattr(worker, 'hostname', socket.gethostname())}/{os.getpid()}/recovery"
 
     def start(self, worker: Any) -> None:
-        interval = float(worker.app.conf.get("aaa_recovery_interval_s") or DEFAULT_INTERVAL_S)
-        if interval <= 0 or self.sweeper is not None:
+        if self.interval_s <= 0 or self.sweeper is not None:
             return
-        self.sweeper = Sweeper(worker.app, self.name_, interval).start()
+        self.sweeper = Sweeper(worker.app, self.name_, self.interval_s).start()
 
     def stop(self, worker: Any) -> None:
         sweeper, self.sweeper = self.sweeper, None

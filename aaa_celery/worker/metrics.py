@@ -67,6 +67,7 @@ from ..lifecycle import (
     Outcome,
 )
 from ..stores.base import Store
+from .setting_names import spelled
 from .stores import app_store, use_store
 
 log = logging.getLogger("aaa_celery.worker")
@@ -90,7 +91,7 @@ def configured_port(app: Any) -> int | None:
     try:
         return int(raw)
     except (TypeError, ValueError):
-        raise ConfigError(f"{PORT_SETTING}/{PORT_ENV}: {raw!r} is not a port number") from None
+        raise ConfigError(f"{spelled(app, PORT_SETTING)}/{PORT_ENV}: {raw!r} is not a port number") from None
 
 
 class Metrics:

@@ -43,13 +43,14 @@ from typing import Any
 
 from celery import Celery
 
-from ..errors import StoreError
+from ..errors import ConfigError, StoreError
 from ..lifecycle import STARTED, CallSpec, Outcome
 from ..stores.base import Store
 from .broker import ABSENT, QUEUED, TAKEN, RedisBrokerProbe
 from .calls import aaa_headers, with_message
 from .codec import CODEC
 from .publish import as_sent, expires_at, not_before, republish
+from .setting_names import spelled
 from .stores import app_store
 
 log = logging.getLogger("aaa_celery.recovery")
@@ -95,7 +96,12 @@ class RecoverySettings:
 
         def get(name: str, default: float) -> float:
             value = conf.get(name)
-            return default if value is None else float(value)
+            if value is None:
+                return default
+            try:
+                return float(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"{spelled(app, name)}: {value!r} is not a number (seconds, or a count)") from None
 
         return cls(
             interval_s=get("aaa_recovery_interval_s", DEFAULT_INTERVAL_S),

@@ -171,3 +171,14 @@ def test_a_memory_store_is_refused_on_a_worker_of_several_processes(redis_url, t
     if expected == "refused":
         assert "memory:// is held in one process's memory" in worker.log
         assert "aaa_allow_process_local_store = True" in worker.log
+
+
+@pytest.mark.redis
+@pytest.mark.fleet
+def test_a_worker_refuses_to_start_with_a_recovery_setting_that_is_no_number(redis_url, tmp_path):
+    """On main before: float('2s') raised a bare ValueError from the recovery bootstep, naming no
+    setting."""
+    env = {"AAA_SETTINGS_BROKER": redis_url, "AAA_SETTINGS_CONF": json.dumps({"aaa_recovery_interval_s": "2s"})}
+    worker = start(tmp_path, SETTINGS_APP, env, pool="solo")
+    assert outcome(worker) == "refused", worker.log[-3000:]
+    assert "aaa_recovery_interval_s: '2s' is not a number" in worker.log
