@@ -42,8 +42,8 @@ class ToolContext:
     ``call_id`` is the guard's id of this call: the Celery task id and the store's key.
     ``tool_call_id`` is the model's own id for it (engine calls only), which threads the
     transcript. ``idempotency_key`` is stable across every attempt and every worker for the
-    same logical call (``<run id>/<tool call id>`` for engine calls and the call id for
-    plain tasks by default, or what the tool's
+    same logical call (``<run id>/<call id>`` for engine calls, with the guard's call id,
+    never the model's tool call id, and the call id for plain tasks by default, or what the tool's
     ``idempotency_key=`` function returns): pass it to the system you call so a
     repeated attempt cannot repeat the effect. ``attempt`` and ``fence`` are the
     1-based, rising execution number of this call.

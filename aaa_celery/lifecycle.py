@@ -38,6 +38,25 @@ FAILED = "aaa.tool.failed"
 FENCED = "aaa.tool.fenced"
 STALE_RESULT = "aaa.tool.stale_result"
 RETRIED = "aaa.tool.retried"
+#: A lost call's reconcile step settled it (``guard/reconcile.py``), id ``<call>:reconciled``.
+RECONCILED = "aaa.tool.reconciled"
+#: An operator resolved a call in doubt (``celery aaa resolve``), id ``<call>:resolved``.
+RESOLVED = "aaa.tool.resolved"
+
+# The engine's run events (aaa_celery.runtime): a run's own trail, beside its calls' trails.
+TOOL_REQUESTED = "aaa.tool.requested"
+RUN_STARTED = "aaa.run.started"
+RUN_RESUMED = "aaa.run.resumed"
+RUN_COMPLETED = "aaa.run.completed"
+RUN_FAILED = "aaa.run.failed"
+RUN_CANCELLED = "aaa.run.cancelled"
+LLM_COMPLETED = "aaa.llm.completed"
+LLM_REPLAYED = "aaa.llm.replayed"
+LLM_UNRECORDED = "aaa.llm.unrecorded"
+APPROVAL_REQUESTED = "aaa.approval.requested"
+APPROVAL_GRANTED = "aaa.approval.granted"
+APPROVAL_DENIED = "aaa.approval.denied"
+APPROVAL_EXPIRED = "aaa.approval.expired"
 
 #: ``json.dumps(obj, separators=(",", ":"))``, the form of every record and event the stores
 #: keep, without building a new encoder for each call (the same text: the same options).
@@ -135,11 +154,14 @@ class Event:
 
 
 def event_id(call_id: str, kind: str, attempt: int) -> str:
-    """The stable id of an audit event: ``<call>:attempt:<n>`` for a start."""
+    """The stable id of an audit event: ``<call>:attempt:<n>`` for a start, ``<call>:result``
+    for the result, ``<call>:reconciled`` / ``<call>:resolved`` for a settlement (one a call)."""
     if kind == STARTED:
         return f"{call_id}:attempt:{attempt}"
     if kind in (COMPLETED, FAILED):
         return f"{call_id}:result"
+    if kind in (RECONCILED, RESOLVED):
+        return f"{call_id}:{kind.rsplit('.', 1)[1]}"
     suffix = {FENCED: "fenced", RETRIED: "retried"}.get(kind, "stale")
     return f"{call_id}:attempt:{attempt}:{suffix}"
 

@@ -343,9 +343,4 @@ def admit(policy: Any, tool: str, tenant: str | None, arguments: Any, call_id: s
                               f"{rule.limit:g} per {rule.per_s:g} s{_for(tenant)}{' for ' + by if by else ''}")
 
 
-def has_counters(policy: Any) -> bool:
-    """Whether any rule needs the store (a rate limit or a budget)."""
-    return any(isinstance(r, RateLimit | Budget) for r in policy.rules)
-
-
-__all__ = ["Allow", "AnyRule", "Budget", "Deny", "RateLimit", "Rule", "Where", "admit", "check", "has_counters"]
+__all__ = ["Allow", "AnyRule", "Budget", "Deny", "RateLimit", "Rule", "Where", "admit", "check"]

@@ -13,9 +13,9 @@ import click
 from kombu.utils.url import maybe_sanitize_url
 
 from ..errors import AAACeleryError, InvalidId, NotResolvable
-from ..protocol import check_call_id
+from ..protocol import check_call_id, tenant_of
 from ..stores import Store
-from ..stores.ops import STATES, call_state, matches, tenant_of
+from ..stores.ops import STATES, call_state, matches
 from ..worker.stores import app_store, store_url
 from ..worker.verdicts import resolve_call
 from . import doctor as doctor_checks
@@ -148,7 +148,7 @@ def list_calls(ctx: click.Context, state: str | None, tool: str | None, tenant: 
                 break
     rows: list[dict[str, Any]] = [
         {"call_id": r.call_id, "tool": r.spec.name, "state": call_state(r), "attempts": r.attempts,
-         "seen_at": r.seen_at, "holder": r.holder, "tenant": tenant_of(r.spec),
+         "seen_at": r.seen_at, "holder": r.holder, "tenant": tenant_of(r.call_id),
          "error": r.result.error if r.result is not None and not r.result.ok else None} for r in found]
     if as_json:
         _dump(rows)

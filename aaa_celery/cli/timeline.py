@@ -6,18 +6,19 @@ import itertools
 from datetime import UTC, datetime
 from typing import Any
 
-from ..guard.reconcile import RECONCILED
 from ..lifecycle import (
     COMPLETED,
     FAILED,
     FENCED,
+    RECONCILED,
+    RESOLVED,
     RETRIED,
     STALE_RESULT,
     STARTED,
     Event,
     Outcome,
 )
-from ..stores.ops import IN_DOUBT, RESOLVED
+from ..stores.ops import IN_DOUBT
 
 #: What ended an attempt, by the event that says so.
 _ENDINGS = {COMPLETED: "completed", FAILED: "failed", FENCED: "fenced", STALE_RESULT: "stale result",

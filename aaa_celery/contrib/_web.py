@@ -15,6 +15,7 @@ from typing import Any
 
 from ..algos import ToolLoop
 from ..errors import ConfigError
+from ..lifecycle import TOOL_REQUESTED
 from ..llm import LLMHandler
 from ..runtime import Engine, PendingApproval, SyncEngine
 from ..runtime.approvals import DEFAULT_APPROVAL_TTL_S, check_ttl
@@ -273,7 +274,7 @@ class AgentRuns:
     def attempts(self, run_id: str, request: Any = None) -> list[dict[str, Any]]:
         """Each tool call of the run with its audit trail from the store (attempts, result)."""
         handle = self.handle(run_id, request)
-        requested = [e["data"] for e in handle.events() if e["type"] == "aaa.tool.requested"]
+        requested = [e["data"] for e in handle.events() if e["type"] == TOOL_REQUESTED]
         store = self.engine.store
         out = []
         for call in requested:

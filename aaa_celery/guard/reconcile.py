@@ -28,11 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..lifecycle import CallSpec, Draft, Outcome
+from ..lifecycle import RECONCILED, CallSpec, Draft, Outcome, event_id
 
 log = logging.getLogger("aaa_celery.guard")
 
-RECONCILED = "aaa.tool.reconciled"
 #: Seconds a reconcile step may run when its task has no ``timeout_s`` (it runs under the
 #: task's ``timeout_s`` otherwise); past it, the call stays ``OutcomeUnknown``.
 RECONCILE_TIMEOUT_S = 60.0
@@ -60,7 +59,7 @@ Reconcile = Callable[[int], "Happened | NotHappened | None"]
 
 
 def reconciled_event(call: CallSpec, attempt: int, data: dict[str, Any]) -> Draft:
-    return Draft(f"{call.call_id}:reconciled", RECONCILED, call.call_id, attempt,
+    return Draft(event_id(call.call_id, RECONCILED, attempt), RECONCILED, call.call_id, attempt,
                  {"call_id": call.call_id, "name": call.name, **data})
 
 

@@ -35,6 +35,7 @@ from ..context import running_attempt
 from ..errors import STORE_UNREACHABLE, TOOL_ERRORS, LeaseLost, StoreUnavailable, ToolError, ToolTimeout
 from ..lifecycle import (
     FENCED,
+    RECONCILED,
     RETRIED,
     STALE_RESULT,
     STARTED,
@@ -49,7 +50,7 @@ from ..lifecycle import (
 )
 from ..stores.base import Store, new_token
 from .lease import AttemptLease
-from .reconcile import RECONCILE_TIMEOUT_S, RECONCILED, Reconcile, reconcile_lost
+from .reconcile import RECONCILE_TIMEOUT_S, Reconcile, reconcile_lost
 from .watchdog import BodyTimedOut, LeaseCancelled, Watchdog
 
 log = logging.getLogger("aaa_celery.guard")

@@ -41,6 +41,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..lifecycle import APPROVAL_DENIED as APPROVAL_DENIED  # re-exported: the runtime's names of them
+from ..lifecycle import APPROVAL_EXPIRED as APPROVAL_EXPIRED
+from ..lifecycle import APPROVAL_GRANTED as APPROVAL_GRANTED
+from ..lifecycle import APPROVAL_REQUESTED as APPROVAL_REQUESTED
 from ..llm.types import ToolCall
 from ..tools.tool import Tool
 from .runstate import off_loop
@@ -48,10 +52,6 @@ from .runstate import off_loop
 if TYPE_CHECKING:
     from .run import RunHandle
 
-APPROVAL_REQUESTED = "aaa.approval.requested"
-APPROVAL_GRANTED = "aaa.approval.granted"
-APPROVAL_DENIED = "aaa.approval.denied"
-APPROVAL_EXPIRED = "aaa.approval.expired"
 #: What the model reads for a denied call (plus the person's reason, if given).
 DENIED_MESSAGE = "denied by a person"
 #: How long a request for approval stays open by default: 24 hours, in seconds.

@@ -9,7 +9,7 @@ from typing import Any
 from celery import states
 
 from ..errors import OUTCOME_UNKNOWN_MESSAGE
-from ..lifecycle import Outcome
+from ..lifecycle import COMPLETED, FAILED, Outcome
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class ToolFact:
 
     @property
     def event_type(self) -> str:
-        return "aaa.tool.completed" if self.ok else "aaa.tool.failed"
+        return COMPLETED if self.ok else FAILED
 
     @property
     def content(self) -> str:

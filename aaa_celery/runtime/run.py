@@ -12,6 +12,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ApprovalDenied, ApprovalExpired, ToolArgsError
+from ..lifecycle import (
+    LLM_COMPLETED,
+    LLM_REPLAYED,
+    LLM_UNRECORDED,
+    RUN_CANCELLED,
+    RUN_COMPLETED,
+    RUN_FAILED,
+    RUN_RESUMED,
+    RUN_STARTED,
+    TOOL_REQUESTED,
+)
 from ..llm.types import LLMRequest, LLMResponse, ToolCall
 from ..protocol import mint_call_id
 from ..tools.args import CheckedArgs
@@ -319,7 +330,7 @@ class RunHandle:
             recorded = await off_loop(writer.inline, self.ctx.store.recorded_turn, self.key, turn)
             if recorded is not None:
                 response: LLMResponse = response_from_dict(self.ctx.tools.keepable_turn(recorded, opened=True))
-                self.emit("aaa.llm.replayed", {"turn": turn, "text": response.text,
+                self.emit(LLM_REPLAYED, {"turn": turn, "text": response.text,
                                                "tool_calls": len(response.tool_calls)})
                 return response
             self._replaying = False  # the record ends here: from now on the model is asked
@@ -331,11 +342,11 @@ class RunHandle:
                 response = response_from_dict(self.ctx.tools.keepable_turn(recorded, opened=True))
             except Exception as e:  # noqa: BLE001 - an unrecorded turn is asked again on a resume
                 writer.failures += 1
-                self.emit("aaa.llm.unrecorded", {"turn": turn, "error": f"{type(e).__name__}: {e}"})
+                self.emit(LLM_UNRECORDED, {"turn": turn, "error": f"{type(e).__name__}: {e}"})
         data: dict[str, Any] = {"turn": turn, "text": response.text, "tool_calls": len(response.tool_calls)}
         if response.usage is not None:
             data["usage"] = response.usage.as_dict()
-        self.emit("aaa.llm.completed", data)
+        self.emit(LLM_COMPLETED, data)
         return response
 
     async def call_tools(self, calls: tuple[ToolCall, ...] | list[ToolCall]) -> list[ToolFact]:
@@ -360,7 +371,7 @@ class RunHandle:
         checked = tools.checked(t, call.arguments) if t is not None else None
         shown: Any = "<refused: unknown tool>" if checked is None else \
             checked.shown if isinstance(checked, CheckedArgs) else f"<refused: {checked}>"
-        self.emit("aaa.tool.requested", {"call_id": call_id, "tool_call_id": call.id, "name": call.name,
+        self.emit(TOOL_REQUESTED, {"call_id": call_id, "tool_call_id": call.id, "name": call.name,
                                          "arguments": shown})
         fact = await self._execute(call_id, call, t, checked)
         self.emit(fact.event_type, fact.event_data())
@@ -408,26 +419,26 @@ class RunHandle:
                 self._replaying = resume
                 heartbeat = asyncio.get_running_loop().create_task(self._heartbeat())
             if resume:
-                self.emit("aaa.run.resumed", {"resumed": self.resumed, "by": ctx.holder})
+                self.emit(RUN_RESUMED, {"resumed": self.resumed, "by": ctx.holder})
             else:
-                self.emit("aaa.run.started", {"input": input, "tenant": self.tenant})
+                self.emit(RUN_STARTED, {"input": input, "tenant": self.tenant})
             self._touch()
             try:
                 value = await algo.run(self, input)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the algorithm's failure is the run's outcome
-                self.emit("aaa.run.failed", {"error": type(e).__name__, "message": str(e)})
+                self.emit(RUN_FAILED, {"error": type(e).__name__, "message": str(e)})
                 outcome = RunOutcome(self.run_id, "failed", error=f"{type(e).__name__}: {e}")
             else:
-                self.emit("aaa.run.completed", {"value": value})
+                self.emit(RUN_COMPLETED, {"value": value})
                 outcome = RunOutcome(self.run_id, "completed", value)
             self._touch(outcome.status, outcome)
             await self._let_go()
             return outcome
         except asyncio.CancelledError:
             if self._cancel_requested:
-                self.emit("aaa.run.cancelled", {})
+                self.emit(RUN_CANCELLED, {})
                 self._touch("cancelled", RunOutcome(self.run_id, "cancelled"))
             # else: this process stops driving the run (it closes, or lost the run's lease):
             # the record stays as it was, and any process may resume the run

@@ -13,6 +13,7 @@ from ..lifecycle import (
     BeginResult,
     CallSpec,
     FENCED,
+    RESOLVED,
     CallState,
     Checkpoint,
     Draft,
@@ -32,7 +33,7 @@ from ..lifecycle import (
 from ._writes import CallWriter, apply
 from .base import Store, new_token, plan_abandon, recovery_hold
 from .budgets import admits, check_spend, window_of
-from .ops import RESOLVED, CallRecord, plan_resolve
+from .ops import CallRecord, plan_resolve
 from .runs_memory import DEFAULT_RUN_RETENTION, MemoryRuns
 
 

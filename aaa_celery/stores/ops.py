@@ -20,12 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .. import protocol
 from ..errors import NotResolvable
-from ..lifecycle import CallSpec, Draft, Outcome
-
-#: The audit event of an operator's resolution (id ``<call>:resolved``).
-RESOLVED = "aaa.tool.resolved"
+from ..lifecycle import RESOLVED, CallSpec, Draft, Outcome, event_id
+from ..protocol import tenant_of
 #: Recorded failures that only say the outcome is in doubt: an operator may settle them.
 IN_DOUBT = ("OutcomeUnknown", "ExecutionAbandoned")
 #: The states ``aaa calls --state`` filters on.
@@ -66,20 +63,6 @@ def call_state(record: CallRecord) -> str:
     return _STATE_OF_ERROR.get(record.result.error or "", "failed")
 
 
-def tenant_of(spec: CallSpec) -> str | None:
-    """The tenant a call belongs to: the one its id names (:func:`aaa_celery.protocol.tenant_of`),
-    else the ``aaa_tenant`` header it was sent with, if any."""
-    tenant = protocol.tenant_of(spec.call_id)
-    if tenant is not None:
-        return tenant
-    headers = spec.request.get("headers") or {}
-    message = spec.request.get("message")
-    if isinstance(message, dict):
-        headers = {**(message.get("headers") or {}), **headers}
-    tenant = headers.get("aaa_tenant")
-    return str(tenant) if tenant else None
-
-
 def matches(record: CallRecord, state: str | None = None, tool: str | None = None,
             tenant: str | None = None) -> bool:
     """Whether ``record`` passes ``aaa calls``' filters (None: any)."""
@@ -87,11 +70,7 @@ def matches(record: CallRecord, state: str | None = None, tool: str | None = Non
         return False
     if tool is not None and tool not in (record.spec.name, record.spec.request.get("task")):
         return False
-    return tenant is None or tenant_of(record.spec) == tenant
-
-
-def resolved_event_id(call_id: str) -> str:
-    return f"{call_id}:resolved"
+    return tenant is None or tenant_of(record.call_id) == tenant
 
 
 def plan_resolve(call: CallSpec, current: Outcome | None, verdict: Literal["completed", "failed"],
@@ -118,4 +97,4 @@ def plan_resolve(call: CallSpec, current: Outcome | None, verdict: Literal["comp
             "was": {"error": current.error, "message": current.message}}
     if verdict == "completed":
         data["value"] = value
-    return outcome, Draft(resolved_event_id(call.call_id), RESOLVED, call.call_id, current.attempt, data)
+    return outcome, Draft(event_id(call.call_id, RESOLVED, current.attempt), RESOLVED, call.call_id, current.attempt, data)

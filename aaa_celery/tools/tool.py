@@ -170,12 +170,6 @@ class Tool(Generic[P, R]):
         without their secrets (:func:`~aaa_celery.tools.secrets.without_secrets`)."""
         return without_secrets(arguments, self.secrets, frozenset(self.args_model.model_fields))
 
-    def key_for(self, arguments: dict[str, Any], default: str) -> str:
-        """The idempotency key of a call with these arguments (canonical, secrets redacted)."""
-        if self.idempotency_key is None:
-            return default
-        return str(self.idempotency_key(arguments))
-
     def invoke(self, arguments: dict[str, Any], ctx: ToolContext, policy: GuardPolicy | None = None) -> Any:
         """Call the function with validated arguments (a coroutine for an async tool)."""
         kwargs = self.validate_args(arguments, policy)

@@ -2,7 +2,6 @@
 
 from .bootstep import RecoveryStep
 from .install import attach, install
-from .recovery import recover
 from .settings import check_settings
 from .stores import app_store, store_url, use_store
 from .task import GuardedTask
@@ -14,7 +13,6 @@ __all__ = [
     "attach",
     "check_settings",
     "install",
-    "recover",
     "store_url",
     "use_store",
 ]

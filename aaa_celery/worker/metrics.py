@@ -56,6 +56,7 @@ from ..lifecycle import (
     COMPLETED,
     FAILED,
     FENCED,
+    RECONCILED,
     RETRIED,
     STALE_RESULT,
     STARTED,
@@ -76,7 +77,6 @@ PORT_SETTING, ADDR_SETTING = "aaa_metrics_port", "aaa_metrics_addr"
 PORT_ENV, ADDR_ENV = "AAA_METRICS_PORT", "AAA_METRICS_ADDR"
 #: The worker's node name, recorded before the pool forks (children label store metrics with it).
 HOSTNAME_SETTING = "aaa_metrics_hostname"
-RECONCILED = "aaa.tool.reconciled"
 _TASK_LABELS = ("name", "queue_name", "hostname")
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)

@@ -283,12 +283,6 @@ class Recovery:
         return True
 
 
-def recover(app: Celery, store: Store, worker: str, producer: Any = None) -> list[str]:
-    """One sweep without a broker probe (every unclaimed call waits for the grace);
-    returns the ids of the calls republished or ended."""
-    return Recovery(app, store, worker, producer).sweep()
-
-
 class Sweeper:
     """Runs :class:`Recovery` every ``interval_s`` in a daemon thread of its own.
 

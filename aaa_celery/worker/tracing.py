@@ -23,13 +23,12 @@ import logging
 import threading
 from typing import Any
 
-from ..lifecycle import COMPLETED, FAILED, FENCED, RETRIED, STALE_RESULT, STARTED
+from ..lifecycle import COMPLETED, FAILED, FENCED, RECONCILED, RETRIED, STALE_RESULT, STARTED
 from .conf import setting
 
 log = logging.getLogger("aaa_celery.worker")
 
 SETTING = "aaa_tracing"
-RECONCILED = "aaa.tool.reconciled"
 _ENDINGS = {COMPLETED: "completed", FAILED: "failed", FENCED: "fenced", STALE_RESULT: "stale_result",
             RETRIED: "retried"}
 _local = threading.local()

@@ -10,7 +10,9 @@ import pytest
 from aaa_celery.config import Delivery
 from aaa_celery.errors import NotResolvable
 from aaa_celery.lifecycle import Finished, Outcome
-from aaa_celery.stores.ops import RESOLVED, call_state, matches
+from aaa_celery.lifecycle import RESOLVED, CallSpec
+from aaa_celery.protocol import call_id as tenant_call_id
+from aaa_celery.stores.ops import CallRecord, call_state, matches
 
 from .test_conformance import SHORT_TTL_S, claim, config, new_call
 
@@ -184,3 +186,14 @@ def test_settle_replaces_only_the_expected_result_and_audits(store_factory, lose
     assert store.result(call.call_id) == Outcome.success({"v": 1}, 1)
     assert [e.data for e in store.events(call.call_id) if e.type == "aaa.tool.reconciled"] == [{"found": "happened"}]
     assert call_state(records(store)[call.call_id]) == "completed"  # not an operator's resolution
+
+
+def test_the_tenant_filter_takes_the_tenant_from_the_call_id_never_from_a_header():
+    """Red on 9f140fc: ``stores.ops.tenant_of`` fell back to the ``aaa_tenant`` header a call
+    was sent with, so a plain call that names a tenant in a header was listed as that
+    tenant's (``aaa calls --tenant acme``), against protocol's rule."""
+    forged = CallRecord("plain-1", CallSpec("plain-1", "refund", request={"headers": {"aaa_tenant": "acme"}}), 0.0)
+    owned = tenant_call_id("acme", "run_1")
+    real = CallRecord(owned, CallSpec(owned, "refund"), 0.0)
+    assert not matches(forged, tenant="acme")
+    assert matches(real, tenant="acme") and not matches(real, tenant="globex")

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ...lifecycle import CallSpec, Event, Lease, Outcome
-from ..ops import RESOLVED
+from ...lifecycle import RESOLVED, CallSpec, Event, Lease, Outcome
 from .schema import budget_tokens, budgets, calls, checkpoints, events, recoveries, results
 
 if TYPE_CHECKING:
