@@ -15,3 +15,11 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 @app.task(base=GuardedTask, name="plain.refund", delivery="at_most_once", shared=False)
 def refund(order: str) -> dict:
     return {"refunded": order}
+
+
+@app.task(base=GuardedTask, name="plain.lookup", shared=False)
+async def lookup(order: str) -> dict:
+    import asyncio
+
+    await asyncio.sleep(0.01)
+    return {"order": order, "status": "shipped"}

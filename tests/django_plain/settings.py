@@ -3,7 +3,8 @@ INSTALLED_APPS): Celery configured from these settings under ``namespace='CELERY
 Django projects usually do. ``AAA_PLAIN_BROKER`` is the broker (also the store);
 ``AAA_PLAIN_UNPREFIXED=1`` adds an unprefixed ``AAA_STORE_URL`` (which Celery ignores);
 ``AAA_PLAIN_TYPO=1`` adds ``CELERY_AAA_STORE_ULR``; ``AAA_PLAIN_AMQP=1`` makes the broker
-RabbitMQ with no store URL."""
+RabbitMQ with no store URL; ``AAA_PLAIN_EAGER=1`` runs tasks eagerly on a memory store (the
+project's test settings)."""
 
 import os
 
@@ -27,3 +28,8 @@ if os.environ.get("AAA_PLAIN_UNPREFIXED"):
     AAA_STORE_URL = "redis://127.0.0.1:1/9"
 if os.environ.get("AAA_PLAIN_TYPO"):
     CELERY_AAA_STORE_ULR = "redis://127.0.0.1:1/9"
+
+ROOT_URLCONF = "tests.django_plain.urls"
+if os.environ.get("AAA_PLAIN_EAGER"):  # as a project's test settings run tasks
+    CELERY_TASK_ALWAYS_EAGER = True
+    CELERY_AAA_STORE_URL = "memory://"

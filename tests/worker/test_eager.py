@@ -9,9 +9,14 @@ event loop (an async Django view under eager test settings, pytest-asyncio) rais
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -195,3 +200,20 @@ def test_an_eager_call_whose_store_is_down_raises_instead_of_returning_none():
     with pytest.raises(StoreUnavailable, match="unavailable"):
         result.get(timeout=10)
     assert ran == []
+
+
+def test_an_async_django_view_under_eager_test_settings_runs_an_async_guarded_task():
+    """The reported case, as a Django project meets it: an async view sends an ``async def``
+    guarded task under CELERY_TASK_ALWAYS_EAGER and waits for it (Django's AsyncClient runs
+    the view in an event loop). Red on c79799f: RuntimeError from asyncio.run, coroutine never
+    awaited."""
+    pytest.importorskip("django")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-m", "tests.django_plain.run_eager_view"], cwd=root, capture_output=True,
+                          text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(root),
+                                                                                         os.environ.get("PYTHONPATH"))))})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["status"] == 200
+    assert seen["body"]["value"] == seen["recorded"] == {"order": "A-1", "status": "shipped"}
