@@ -9,9 +9,10 @@ Ollama...), the model's name from AAA_MODEL.
 import argparse
 import asyncio
 import os
+from collections.abc import Callable
 
 from aaa_celery.algos import ToolLoop
-from aaa_celery.llm import FakeLLMClient, LLMHandler
+from aaa_celery.llm import FakeLLMClient, LLMClient, LLMHandler, LLMRequest, LLMResponse
 from aaa_celery.llm.fake import text, tool_call
 from aaa_celery.runtime import Engine
 from aaa_celery.tools import GuardConfig, ToolContext, ToolHandler, ToolRegistry, tool
@@ -36,21 +37,22 @@ async def search(query: str) -> str:
     return f"results for {query}"
 
 
-def model(request):
+def model(request: LLMRequest) -> LLMResponse:
     last = request.messages[-1]
     return tool_call("refund", order_id="A-100") if last.role == "user" else text(last.content)
 
 
-def model_client(choice: str):
+def model_client(choice: str) -> LLMClient:
     """The scripted model by default; a vendor's client when its key is set."""
     if choice == "fake":
         return FakeLLMClient(model)
     from aaa_celery.llm import AnthropicMessagesClient, OpenAIChatClient
 
-    client, key_env, name = {
+    vendors: dict[str, tuple[Callable[[str], LLMClient], str, str]] = {
         "openai": (OpenAIChatClient, "OPENAI_API_KEY", "gpt-4.1-mini"),
         "anthropic": (AnthropicMessagesClient, "ANTHROPIC_API_KEY", "claude-sonnet-4-5"),
-    }[choice]
+    }
+    client, key_env, name = vendors[choice]
     if not os.environ.get(key_env):
         raise SystemExit(f"--model {choice}: set {key_env} (the key is read from the environment only)")
     return client(os.environ.get("AAA_MODEL", name))

@@ -61,7 +61,7 @@ def run_body(ledger: EffectLedger, call_id: str, attempt: int | None, key: str |
     worker's node name)."""
     ex = new_exec_id()
     host = host or socket.gethostname()
-    common = {"attempt": attempt, "fence": attempt, "host": host}
+    common: dict[str, Any] = {"attempt": attempt, "fence": attempt, "host": host}
     ledger.record(START, call_id, ex, key=key, duration_s=duration_s, **common)
     started = time.monotonic()
     halfway = started + duration_s / 2

@@ -200,7 +200,7 @@ class LocalRedis:
 
         client = redis.Redis.from_url(self.url)
         try:
-            return client.execute_command(*args)
+            return client.execute_command(*args)  # type: ignore[no-untyped-call]  # unannotated in redis-py
         finally:
             client.close()
 
@@ -210,7 +210,7 @@ class LocalRedis:
 
         client = redis.Redis.from_url(self.url)
         try:
-            client.execute_command("CLIENT", "PAUSE", int(seconds * 1000), "WRITE")
+            client.execute_command("CLIENT", "PAUSE", int(seconds * 1000), "WRITE")  # type: ignore[no-untyped-call]
         finally:
             client.close()
 

@@ -13,13 +13,16 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import AAACeleryError, UnsafeDeployment
 from ..stores import Store
 from ..worker.setting_names import name_problems, spelled
 from ..worker.settings import ALLOW_PROCESS_LOCAL, process_local
 from ..worker.stores import app_store, store_url
+
+if TYPE_CHECKING:
+    from ..stores.redis import RedisStore
 
 #: Clock skew between this host and the store, in seconds, that is worth a warning / a failure.
 SKEW_WARN_S, SKEW_FAIL_S = 0.5, 5.0
@@ -243,7 +246,7 @@ def check_redis_aof(store: Store) -> Check | None:
     if getattr(store, "kind", "") != "redis":
         return None
     try:
-        info = store._redis.info("persistence")  # noqa: SLF001 - the store's own client
+        info = cast("RedisStore", store)._redis.info("persistence")  # noqa: SLF001 - the store's own client
     except Exception as e:  # noqa: BLE001 - a cluster or a restricted server may refuse INFO
         return Check("warn", "redis persistence", f"cannot read INFO persistence: {e}")
     if str(info.get("aof_enabled")) != "1":

@@ -11,7 +11,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, overload
 
 from ..algos import ToolLoop
 from ..errors import ConfigError
@@ -136,9 +136,18 @@ def check_tenant_hook(settings: Settings) -> Callable[[Any], Any] | None:
                          ": it says the tenant of the runs the request starts")
 
 
-def _plain(value: Any) -> Any:
+@overload
+def _plain(value: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@overload
+def _plain(value: list[Any]) -> list[Any]: ...
+
+
+def _plain(value: dict[str, Any] | list[Any]) -> dict[str, Any] | list[Any]:
     """A JSON-ready copy (anything unknown becomes its ``str``)."""
-    return json.loads(json.dumps(value, default=str))
+    plain: dict[str, Any] | list[Any] = json.loads(json.dumps(value, default=str))
+    return plain
 
 
 class AgentRuns:
@@ -176,17 +185,17 @@ class AgentRuns:
             TenantRefused: ``named`` is another tenant (or there is no ``TENANT`` hook to say
                 whose the person is, and anonymous access is not allowed).
         """
-        named = None if named in (None, "") else str(named)
+        asked = None if named in (None, "") else str(named)
         if self._tenant is None:
-            if named is None or self.settings.allow_anonymous is True:
-                return named  # development (ALLOW_ANONYMOUS): anyone may do anything
+            if asked is None or self.settings.allow_anonymous is True:
+                return asked  # development (ALLOW_ANONYMOUS): anyone may do anything
             raise TenantRefused(f"a run's tenant is the app's: set the TENANT hook, tenant(request) -> str, "
-                                f"to start runs in tenant {named!r}")
+                                f"to start runs in tenant {asked!r}")
         tenant = self._tenant(request)
         if tenant is not None and not isinstance(tenant, str):
             raise ConfigError(f"aaa_celery: TENANT must return a tenant (str) or None, got {tenant!r}")
-        if named is not None and named != tenant:
-            raise TenantRefused(f"this request may not start a run in tenant {named!r}: its tenant is the "
+        if asked is not None and asked != tenant:
+            raise TenantRefused(f"this request may not start a run in tenant {asked!r}: its tenant is the "
                                 f"app's (TENANT(request))")
         return tenant or None
 

@@ -26,7 +26,8 @@ _MARK = "_aaa_masks"
 def masked(value: Any) -> Any:
     """``value`` with every password in it masked (a URL's, a DSN's ``password=``)."""
     if isinstance(value, str):
-        text = celery_utils.sanitize_url(value, mask=MASK) if "://" in value else value
+        # (Celery's own, which celery-types does not have; kombu's of that name masks less)
+        text = celery_utils.sanitize_url(value, mask=MASK) if "://" in value else value  # type: ignore[attr-defined]
         return _PASSWORD_PARAM.sub(lambda m: m.group(1) + MASK, text)
     if isinstance(value, Mapping):
         return {k: masked(v) for k, v in value.items()}

@@ -16,7 +16,7 @@ ORDERS = {"A-100": 30, "A-200": 125}
 
 
 @tool
-def lookup_order(order_id: str) -> dict:
+def lookup_order(order_id: str) -> dict[str, str | int]:
     """Look an order up: its amount paid."""
     if order_id not in ORDERS:
         raise KeyError(f"no order {order_id}")

@@ -1,4 +1,8 @@
-"""The public API's types, checked by mypy with the project's settings (pyproject.toml).
+"""The type check of CI: mypy with the project's settings (``[tool.mypy]`` in pyproject.toml).
+
+The package and the examples must pass ``mypy --strict`` (one run on ``[tool.mypy]``'s
+``files``, one on ``examples/django_project``, whose ``proj`` would clash with
+``examples/fleet/proj.py``); a failure shows mypy's report.
 
 ``cases/*_ok.py`` is typed user code that must pass ``mypy --strict`` as it is;
 ``cases/*_errors.py`` has mistakes, each line marked ``# E: [code] text`` with the error
@@ -38,15 +42,16 @@ class Error:
         return f"{self.path}:{self.line}: {self.message}  [{self.code}]"
 
 
-def run_mypy(*targets: str) -> tuple[list[Error], str]:
-    """mypy with the project's settings on ``targets`` (paths relative to the repository):
-    the errors it reports, and its whole output for a failure message."""
+def run_mypy(*targets: str) -> tuple[list[Error], str, int]:
+    """mypy with the project's settings on ``targets`` (paths relative to the repository;
+    none: the ``files`` of ``[tool.mypy]``): the errors it reports, its whole output for a
+    failure message, and its exit status."""
     with contextlib.chdir(ROOT):  # mypy finds the package (this tree's, not an installed copy) from here
-        stdout, stderr, _ = api.run(["--config-file", "pyproject.toml", "--no-error-summary", "--no-pretty",
-                                     "--show-error-codes", "--hide-error-context", *targets])
+        stdout, stderr, status = api.run(["--config-file", "pyproject.toml", "--no-pretty",
+                                          "--show-error-codes", "--hide-error-context", *targets])
     errors = [Error(m["path"], int(m["line"]), m["code"] or "", m["message"])
               for m in map(LINE.match, stdout.splitlines()) if m]
-    return errors, stdout + stderr
+    return errors, stdout + stderr, status
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +59,7 @@ def reported() -> dict[str, list[Error]]:
     """Every case file checked in one mypy run (they share the package's analysis):
     the errors in each, by the case file's path."""
     cases = sorted(str(p.relative_to(ROOT)) for p in CASES.glob("*.py"))
-    errors, _ = run_mypy(*cases)
+    errors, _, _ = run_mypy(*cases)
     return {case: [e for e in errors if e.path == case] for case in cases}
 
 
@@ -102,3 +107,9 @@ def test_the_ok_cases_run_as_typed(name):
     spec.loader.exec_module(module)
     if hasattr(module, "direct_calls"):
         asyncio.run(module.direct_calls())  # assert_type is a no-op at run time: the values are real
+
+
+@pytest.mark.parametrize("targets", [(), ("examples/django_project",)], ids=["package-and-examples", "django-example"])
+def test_the_package_and_the_examples_pass_mypy_strict(targets):
+    _, output, status = run_mypy(*targets)
+    assert status == 0, f"mypy --strict {' '.join(targets) or '(the files of [tool.mypy])'}:\n{output}"
