@@ -44,7 +44,7 @@ from ..tools.handler import ToolHandler, store_of, use_store
 from .approvals import DEFAULT_APPROVAL_TTL_S, PendingApproval, check_ttl, stored_approval
 from .embedded import EmbeddedWorker, embedded_app
 from .executor import ToolExecutor
-from .run import ANY_TENANT, AnyTenant, RunContext, RunHandle, RunOutcome, in_scope
+from .run import ANY_TENANT, DEFAULT_MAX_CALLS_PER_TURN, AnyTenant, RunContext, RunHandle, RunOutcome, in_scope
 from .runstate import (
     DEFAULT_KEEP_FINISHED,
     DEFAULT_RUN_LEASE_S,
@@ -85,6 +85,8 @@ class Engine:
             (default 64); older ones are read from the store.
         run_state: keep run state in the store (default True). False keeps runs in this
             process only, as before run state was stored: nothing to resume or share.
+        max_calls_per_turn: the most tool calls of one model turn that are run (default
+            256); each call beyond it is answered with a ``PolicyDenied`` fact and not run.
         auto_resume: resume the store's orphaned runs (whose driver died) in this
             process, checking every ``run_lease_s``; only runs whose algorithm this
             engine knows (``add_algo``, or started here) are taken on.
@@ -106,6 +108,7 @@ class Engine:
         keep_finished: int = DEFAULT_KEEP_FINISHED,
         run_state: bool = True,
         auto_resume: bool = False,
+        max_calls_per_turn: int = DEFAULT_MAX_CALLS_PER_TURN,
     ) -> None:
         self.approval_ttl_s = check_ttl(approval_ttl_s, "Engine(approval_ttl_s=...)")
         self.run_lease_s = check_ttl(run_lease_s, "Engine(run_lease_s=...)")
@@ -113,6 +116,10 @@ class Engine:
         if isinstance(keep_finished, bool) or not isinstance(keep_finished, int) or keep_finished < 0:
             raise ConfigError(f"Engine(keep_finished=...) must be a whole number >= 0, got {keep_finished!r}")
         self.keep_finished = keep_finished
+        if isinstance(max_calls_per_turn, bool) or not isinstance(max_calls_per_turn, int) or max_calls_per_turn < 1:
+            raise ConfigError(f"Engine(max_calls_per_turn=...) must be a whole number >= 1 (default "
+                              f"{DEFAULT_MAX_CALLS_PER_TURN}), got {max_calls_per_turn!r}")
+        self.max_calls_per_turn = max_calls_per_turn
         self.run_state = bool(run_state)
         self.auto_resume = bool(auto_resume)
         self.embedded = app is None
@@ -160,7 +167,7 @@ class Engine:
         """What a run made now uses of this engine (``RunHandle.ctx``)."""
         _, store, durable = self._resolved()
         return RunContext(store, self.tools, self.llm, self.holder, self.run_lease_s, self.approval_ttl_s,
-                          durable, self._loop, self._ended)
+                          durable, self._loop, self._ended, self.max_calls_per_turn)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:

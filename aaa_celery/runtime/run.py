@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ApprovalDenied, ApprovalExpired, ToolArgsError
+from ..errors import ApprovalDenied, ApprovalExpired, PolicyDenied, ToolArgsError
 from ..lifecycle import (
     LLM_COMPLETED,
     LLM_REPLAYED,
@@ -82,6 +83,10 @@ class RunOutcome:
     error: str | None = None
 
 
+#: The most tool calls of one model turn that an engine runs (``Engine(max_calls_per_turn=...)``).
+DEFAULT_MAX_CALLS_PER_TURN = 256
+
+
 @dataclass(frozen=True)
 class RunContext:
     """What a run uses of the engine that drives (or reads) it, fixed when its handle is made.
@@ -96,6 +101,7 @@ class RunContext:
         durable: whether the run's state is kept in the store.
         loop: the event loop the engine's runs live on (None before the first run).
         ended: told when a run this process drove ends, or stops being driven here.
+        max_calls_per_turn: the most tool calls of one model turn that are run.
     """
 
     store: Store
@@ -107,6 +113,7 @@ class RunContext:
     durable: bool
     loop: asyncio.AbstractEventLoop | None
     ended: Callable[[RunHandle], None]
+    max_calls_per_turn: int = DEFAULT_MAX_CALLS_PER_TURN
 
 
 class RunHandle:
@@ -260,7 +267,7 @@ class RunHandle:
     def _touch(self, status: str | None = None, outcome: RunOutcome | None = None) -> None:
         """Queue the run's record for the store (its status, approvals, outcome)."""
         if self._writer is not None:
-            self._writer.record(self._record_now(status, outcome))
+            self._writer.record(functools.partial(self._record_now, status, outcome))
 
     def signal(self, type: str, data: dict[str, Any]) -> None:
         """Deliver an app-side signal: ``aaa.approval.granted`` / ``aaa.approval.denied``
@@ -357,14 +364,20 @@ class RunHandle:
         the call's position in ``calls``, and a digest of its tool and arguments, secrets
         left out (``docs/arguments-and-secrets.md``, "What a call's id is made of"). The
         model's id (``ToolCall.id``) only threads the fact back to the model's message.
+        Calls beyond ``Engine(max_calls_per_turn=...)`` are answered with a ``PolicyDenied``
+        fact, and not run.
         """
         turn, self._turns = self._turns, self._turns + 1
-        tools = self.ctx.tools
+        tools, cap = self.ctx.tools, self.ctx.max_calls_per_turn
         ids = [mint_call_id(self.tenant, self.run_id, turn, n, c.name, tools.identity(c.name, c.arguments))
                for n, c in enumerate(calls)]
-        return list(await asyncio.gather(*(self._call(call_id, c) for call_id, c in zip(ids, calls, strict=True))))
+        over = None if len(calls) <= cap else PolicyDenied(
+            f"{len(calls)} tool calls in one turn, more than the {cap} this engine runs "
+            f"(Engine(max_calls_per_turn=...)); this call was not run: ask for fewer calls at a time")
+        return list(await asyncio.gather(*(self._call(call_id, c, None if n < cap else over)
+                                           for n, (call_id, c) in enumerate(zip(ids, calls, strict=True)))))
 
-    async def _call(self, call_id: str, call: ToolCall) -> ToolFact:
+    async def _call(self, call_id: str, call: ToolCall, refused: Exception | None = None) -> ToolFact:
         tools = self.ctx.tools
         t = tools.registry.get(call.name)
         # checked once, before anything is stored or sent: the canonical form is what is sent
@@ -372,8 +385,9 @@ class RunHandle:
         shown: Any = "<refused: unknown tool>" if checked is None else \
             checked.shown if isinstance(checked, CheckedArgs) else f"<refused: {checked}>"
         self.emit(TOOL_REQUESTED, {"call_id": call_id, "tool_call_id": call.id, "name": call.name,
-                                         "arguments": shown})
-        fact = await self._execute(call_id, call, t, checked)
+                                   "arguments": shown})
+        fact = failed(call_id, call.name, refused) if refused is not None else \
+            await self._execute(call_id, call, t, checked)
         self.emit(fact.event_type, fact.event_data())
         return fact
 
