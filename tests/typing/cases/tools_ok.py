@@ -12,6 +12,7 @@ from typing import Any, assert_type
 from celery import Celery, Signature, chain
 from celery.result import AsyncResult
 
+from aaa_celery import GuardedTask
 from aaa_celery.tools import GuardConfig, Tool, ToolContext, ToolHandler, ToolRegistry, tool
 from aaa_celery.tools.handler import ToolTask
 
@@ -75,3 +76,16 @@ def handles(app: Celery) -> None:
     assert_type(handle.task, ToolTask)
     assert_type(handle.task.apply_async(kwargs={"arguments": {"order_id": "A-3"}}), AsyncResult[Any])
     chain(handler.task("search").s(query="refunds"), handle.s(order_id="A-4")).delay()
+
+
+def guarded_tasks(app: Celery) -> None:
+    # celery-types types a task made with base= as that base class: its sends take any
+    # arguments and give AsyncResult[Any] (docs/typing.md)
+    @app.task(base=GuardedTask, delivery="at_most_once", idempotency_key=lambda a: f"charge:{a['order_id']}")
+    def charge(order_id: str, ctx: ToolContext) -> str:
+        return f"charged {order_id} ({ctx.idempotency_key})"
+
+    assert_type(charge, GuardedTask)
+    assert_type(charge.delay("A-1"), AsyncResult[Any])
+    assert_type(charge.apply_async(("A-1",), countdown=5), AsyncResult[Any])
+
