@@ -206,7 +206,8 @@ class GuardPolicy(BaseModel):
             raise ConfigError(describe_error(e, "GuardPolicy")) from None
 
     max_args_bytes: int = Field(default=256 * 1024, gt=0)
-    """Largest size of a call's arguments, in UTF-8 bytes of their compact JSON. Checked
+    """Largest size of a call's arguments, in bytes of their compact JSON as sent (kombu's:
+    non-ASCII and control characters escaped, ``\u00e9`` is 6 bytes). Checked
     before the call is stored or sent (by the engine and by ``apply_async``), and again
     by the worker."""
 

@@ -6,8 +6,8 @@ task), and again by the worker before the tool runs:
 
 1. :func:`check_limits` walks the raw value without recursion: it must be an object
    (a dict with string keys), at most ``max_args_depth`` deep, each string at most
-   ``max_string_bytes`` and the whole at most ``max_args_bytes``, both in UTF-8 bytes
-   of its compact JSON; no ``NaN``/``Infinity``, no unpaired surrogate, no integer
+   ``max_string_bytes`` UTF-8 bytes and the whole at most ``max_args_bytes`` bytes of
+   its compact JSON as kombu sends it (``\u00e9`` for an ``é``, ``\u0000`` for a NUL); no ``NaN``/``Infinity``, no unpaired surrogate, no integer
    beyond 64 bits. So nothing below ever sees a hostile shape (a 100 000-deep list
    would overflow the recursion of ``deepcopy``, pydantic or ``json``).
 2. The tool's pydantic model validates it (``extra="forbid"``, ``allow_inf_nan=False``).
@@ -22,6 +22,7 @@ place (``items.3.name``), never the value.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,8 @@ from .secrets import REDACTED, clear_value
 DEFAULT_POLICY = GuardPolicy()
 
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
+#: The printable ASCII characters that JSON escapes (2 bytes each).
+_ESCAPED = frozenset('"\\')
 #: JSON bytes of the scalars that are not strings or numbers.
 _CONST = {True: 4, False: 5, None: 4}
 
@@ -77,7 +80,9 @@ def check_limits(name: str, arguments: Any, policy: GuardPolicy = DEFAULT_POLICY
                 raise ToolArgsError(f"{name}: {_where(path)}: a string with an unpaired surrogate") from None
             if size > max_string:
                 raise ToolArgsError(f"{name}: {_where(path)}: a string longer than {max_string} bytes")
-            total += size + 2
+            # as sent: kombu's JSON escapes (a NUL is 6 bytes, \u0000; an é is \u00e9)
+            total += size + 2 if value.isascii() and value.isprintable() and not _ESCAPED & set(value) \
+                else len(json.dumps(value))
         elif isinstance(value, bool) or value is None:
             total += _CONST[value]
         elif isinstance(value, int):

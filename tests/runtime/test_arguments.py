@@ -10,6 +10,7 @@ published and its spec stored.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from typing import Any, Literal
@@ -128,22 +129,23 @@ def note(text: str) -> str:
 NOTE_POLICY = GuardPolicy(max_args_bytes=150_000, max_string_bytes=20_000_000)
 
 
-def test_sizes_are_utf8_bytes_and_checked_before_the_call_is_sent_or_stored(engine):
+def test_sizes_are_bytes_as_sent_and_checked_before_the_call_is_sent_or_stored(engine):
     """Reproduces on 23716a3: ``max_args_bytes`` counted ``repr`` characters (a 2-byte
     character counted 1) and only in the worker, after the call had been published
-    and its spec, with the oversized arguments, stored."""
-    handle = run(engine, ("note", {"text": "é" * 70_000}), ("note", {"text": "é" * 100_000}))
+    and its spec, with the oversized arguments, stored. (Since issue 21 the size is that of
+    the JSON as sent: an ``é`` is ``\u00e9``, 6 bytes.)"""
+    handle = run(engine, ("note", {"text": "é" * 20_000}), ("note", {"text": "é" * 30_000}))
     kept, refused = sorted(facts(handle), key=lambda f: "error" in f)
     assert kept["value"] == "kept"
     assert refused["message"] == "note: arguments larger than 150000 bytes"
     # a plain send is refused before it is published or registered
     store, task = engine.store, engine.note_handler.task("note")
     registered = len(store.expired(unclaimed_grace_s=-1e9))
-    for big in ("é" * 100_000, "x" * 12_500_000):  # 200 000 bytes in 100 000 characters; 12.5 MB
+    for big in ("é" * 30_000, "x" * 12_500_000):  # 180 000 bytes sent in 30 000 characters; 12.5 MB
         with pytest.raises(ToolArgsError, match="arguments larger than 150000 bytes"):
             task.delay(text=big)
     assert len(store.expired(unclaimed_grace_s=-1e9)) == registered
-    assert task.delay(text="é" * 70_000).get(timeout=30) == "kept"
+    assert task.delay(text="é" * 20_000).get(timeout=30) == "kept"
 
 
 def test_limits_on_depth_and_string_length_name_the_place():
@@ -227,3 +229,24 @@ def test_adversarial_arguments_run_the_tool_validated_or_become_a_tool_args_erro
         assert fact.get("error") == "ToolArgsError"
     else:
         assert sent.get(timeout=30) == "ok"
+
+
+def test_max_args_bytes_counts_the_json_as_it_is_sent():
+    """Reproduces on c79799f (issue 21, item 8): ``max_args_bytes`` counted raw UTF-8, not the
+    JSON as sent; four strings of 60,000 NULs (240 KB raw, 1.44 MB of JSON, each NUL being
+    ``\\u0000``) passed the 256 KiB check, then failed in the worker as a malformed message."""
+    @tool
+    def four(a: str, b: str, c: str, d: str) -> str:
+        """Four strings."""
+        return "ok"
+
+    nuls = {k: "\0" * 60_000 for k in "abcd"}
+    with pytest.raises(ToolArgsError, match="arguments larger than 262144 bytes"):
+        four.check(nuls)
+    # exactly the compact JSON kombu sends (ensure_ascii: é is \u00e9, a quote \", a tab \t,
+    # an emoji a surrogate pair of 12 bytes)
+    args = {"a": 'q"\\\t\x01é😀ok', "b": "x" * 10, "c": "", "d": "\x7f"}
+    sent = len(json.dumps(args, separators=(",", ":")))
+    assert four.check(args, GuardPolicy(max_args_bytes=sent)).canonical == args
+    with pytest.raises(ToolArgsError, match=f"arguments larger than {sent - 1} bytes"):
+        four.check(args, GuardPolicy(max_args_bytes=sent - 1))
