@@ -64,6 +64,8 @@ def signatures() -> None:
 
 def handles(app: Celery) -> None:
     registry = ToolRegistry([search, refund, add])
+    kept: list[Tool[..., Any]] = [search, refund]  # a list in a variable: its type said (docs/typing.md)
+    assert len(ToolRegistry(kept)) == 2
     shouted: Tool[[str], str] = registry.add(Tool(shout))
     assert_type(registry["add"], Tool[..., Any])
     assert shouted.name == "shout"
