@@ -10,19 +10,29 @@ A test that needs a server SKIPS when the server is not installed here, and FAIL
 when ``CI=true``: CI must never pass by skipping. ``AAA_TEST_REDIS_URL`` and
 ``AAA_TEST_POSTGRES_URL`` point the fixtures at a server you run yourself (its db is
 flushed and its aaa_* tables dropped, so give the tests their own).
+
+Run-wide rules (tests/unit/test_run_rules.py checks them):
+- under ``CI=true`` a test or a test module that skips for a missing Python module
+  (``pytest.importorskip``) fails: a test dependency missing from pyproject's ``[dev]``
+  must not hide behind a skip.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from .servers import PostgresServer, RedisServer, ServerUnavailable, libpq_url
 
 Server = RedisServer | PostgresServer
+
+#: A skip for a missing module: pytest.importorskip's reason, or an ImportError's text.
+MISSING_MODULE = re.compile(r"could not import|No module named")
 
 
 def in_ci() -> bool:
@@ -34,6 +44,28 @@ def unavailable(reason: str) -> None:
     if in_ci():
         pytest.fail(f"{reason} (CI=true: a missing server is a failure, not a skip)", pytrace=False)
     pytest.skip(reason)
+
+
+def _fail_missing_module_skip(report: pytest.CollectReport | pytest.TestReport) -> None:
+    if not (in_ci() and report.skipped and not hasattr(report, "wasxfail")):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if MISSING_MODULE.search(reason):
+        report.outcome = "failed"
+        report.longrepr = (f"{reason}\n(CI=true: a missing test dependency is a failure, not a skip;"
+                           " declare it in pyproject's [dev])")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield
+    _fail_missing_module_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+    outcome = yield
+    _fail_missing_module_skip(outcome.get_result())
 
 
 def _serve(kind: type[Server]) -> Iterator[Server]:
