@@ -5,12 +5,14 @@
 #   - two worker pools with distinct node names (-n), each serving Prometheus metrics,
 #   - Flower,
 #   - the Flask example app (examples/flask_app).
-# Every server listens on a free loopback port. Ctrl-C (or SIGTERM) stops everything this
-# script started, by PID. docker-compose.yml at the repository root runs the same fleet.
+# Every server listens on a free loopback port. Ctrl-C or SIGTERM stops everything this
+# script started, by PID (started in the background or under nohup, bash ignores Ctrl-C's
+# SIGINT: stop it with `kill PID`, SIGTERM). docker-compose.yml at the repository root runs the same fleet.
 #
-# Needs redis-server and PostgreSQL's initdb/pg_ctl on PATH (Debian: apt-get install
-# redis-server postgresql; add /usr/lib/postgresql/*/bin to PATH), and
+# Needs redis-server, PostgreSQL's initdb/pg_ctl (on PATH, or in the newest
+# /usr/lib/postgresql/*/bin as Debian installs them: apt-get install redis-server postgresql), and
 #   pip install -e '.[postgres,flask,metrics]' flower
+# A server that fails to start stops the script with the end of its log.
 #
 #   examples/fleet.sh                 # prints the URLs, then runs until Ctrl-C
 #   AAA_FLEET_DIR=/tmp/f examples/fleet.sh    # keep logs, data and the env file there
@@ -32,15 +34,33 @@ free_port() {
   "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-wait_port() {  # wait_port PORT NAME: until something listens on 127.0.0.1:PORT
+failed() {  # failed WHAT LOG...: say what failed, with the end of each log that exists
+  echo "fleet.sh: $1" >&2
+  shift
+  for log in "$@"; do
+    if [ -s "$log" ]; then
+      echo "--- the end of $log:" >&2
+      tail -n 20 "$log" >&2
+    fi
+  done
+  exit 1
+}
+
+wait_port() {  # wait_port PORT NAME LOG: until something listens on 127.0.0.1:PORT
   for _ in $(seq 1 300); do
     if "$PYTHON" -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null; then
       return 0
     fi
     sleep 0.1
   done
-  echo "fleet.sh: $2 did not listen on port $1; see $RUN/*.log" >&2
-  return 1
+  failed "$2 did not listen on port $1" "$3"
+}
+
+pg_bin() {  # pg_bin NAME: PostgreSQL's NAME on PATH, else in the newest /usr/lib/postgresql/*/bin
+  local found
+  found=$(command -v "$1" || ls -d /usr/lib/postgresql/*/bin/"$1" 2>/dev/null | sort -V | tail -n 1)
+  [ -n "$found" ] || failed "PostgreSQL's $1 is not installed (apt-get install postgresql)"
+  echo "$found"
 }
 
 as_postgres() {  # PostgreSQL refuses to run as root
@@ -83,9 +103,11 @@ REDIS_PORT=$(free_port)
 mkdir -p "$RUN/redis"
 start redis redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$RUN/redis" \
   --appendonly yes --appendfsync everysec --save ""
-wait_port "$REDIS_PORT" redis
+wait_port "$REDIS_PORT" redis "$RUN/redis.log"
 
 # PostgreSQL: the guard's store (session leases, durable attempts and results).
+INITDB=$(pg_bin initdb)
+PG_CTL=$(pg_bin pg_ctl)
 PG_PORT=$(free_port)
 if [ "$(id -u)" = 0 ]; then
   # as root, PostgreSQL runs as the postgres user, in a directory of its own that it can reach
@@ -96,9 +118,11 @@ if [ "$(id -u)" = 0 ]; then
 else
   mkdir -p "$PG_DIR"
 fi
-as_postgres initdb -D "$PG_DIR/data" -A trust -U postgres >"$RUN/initdb.log" 2>&1
-as_postgres pg_ctl -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" -w \
-  -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1" start >"$RUN/pg_ctl.log" 2>&1
+as_postgres "$INITDB" -D "$PG_DIR/data" -A trust -U postgres >"$RUN/initdb.log" 2>&1 \
+  || failed "PostgreSQL's initdb failed" "$RUN/initdb.log"
+as_postgres "$PG_CTL" -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" -w \
+  -o "-p $PG_PORT -k $PG_DIR -c listen_addresses=127.0.0.1" start >"$RUN/pg_ctl.log" 2>&1 \
+  || failed "PostgreSQL did not start" "$RUN/pg_ctl.log" "$PG_DIR/postgres.log"
 PG_STARTED=1
 echo "postgres $(head -1 "$PG_DIR/data/postmaster.pid")" >>"$RUN/pids"
 
@@ -112,16 +136,16 @@ METRICS_A=$(free_port)
 METRICS_B=$(free_port)
 start pool-a env AAA_METRICS_PORT="$METRICS_A" celery -A worker worker -n "pool-a@%h" -Q aaa.default -c 2 --loglevel INFO
 start pool-b env AAA_METRICS_PORT="$METRICS_B" celery -A worker worker -n "pool-b@%h" -Q aaa.default,celery -c 2 --loglevel INFO
-wait_port "$METRICS_A" "pool-a's metrics"
-wait_port "$METRICS_B" "pool-b's metrics"
+wait_port "$METRICS_A" "pool-a's metrics" "$RUN/pool-a.log"
+wait_port "$METRICS_B" "pool-b's metrics" "$RUN/pool-b.log"
 
 FLOWER_PORT=$(free_port)
 start flower celery -A worker flower --address=127.0.0.1 --port="$FLOWER_PORT"
-wait_port "$FLOWER_PORT" flower
+wait_port "$FLOWER_PORT" flower "$RUN/flower.log"
 
 FLASK_PORT=$(free_port)
 start flask "$PYTHON" -m flask --app app run --host 127.0.0.1 --port "$FLASK_PORT"
-wait_port "$FLASK_PORT" "the Flask app"
+wait_port "$FLASK_PORT" "the Flask app" "$RUN/flask.log"
 
 cat >"$RUN/env" <<ENV
 export AAA_REDIS_URL=$AAA_REDIS_URL
@@ -138,6 +162,6 @@ fleet.sh: up (logs, data and env in $RUN)
   metrics     http://127.0.0.1:$METRICS_A/metrics  http://127.0.0.1:$METRICS_B/metrics
   Redis       $AAA_REDIS_URL   PostgreSQL (store) $AAA_STORE_URL
   CLI         . $RUN/env && cd examples/flask_app && celery -A worker aaa calls
-Ctrl-C stops it all.
+Ctrl-C (or kill $$, SIGTERM) stops it all.
 INFO
 wait

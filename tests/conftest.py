@@ -14,7 +14,9 @@ flushed and its aaa_* tables dropped, so give the tests their own).
 Run-wide rules (tests/unit/test_run_rules.py checks them):
 - under ``CI=true`` a test or a test module that skips for a missing Python module
   (``pytest.importorskip``) fails: a test dependency missing from pyproject's ``[dev]``
-  must not hide behind a skip.
+  must not hide behind a skip;
+- at the end of the run, a process the tests started (a worker, a server, a web app) that
+  is still alive fails the run, named, and is killed by its pid (tests/leftovers.py).
 """
 
 from __future__ import annotations
@@ -22,14 +24,21 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from . import leftovers
 from .servers import PostgresServer, RedisServer, ServerUnavailable, libpq_url
 
 Server = RedisServer | PostgresServer
+
+#: Every process the tests start inherits AAA_TEST_RUN=<this pid> (tests/leftovers.py).
+RUN_PID = leftovers.mark_run()
+#: How long the processes still shutting down at the end of the run get before they count.
+LEFTOVER_GRACE_S = 20.0
 
 #: A skip for a missing module: pytest.importorskip's reason, or an ImportError's text.
 MISSING_MODULE = re.compile(r"could not import|No module named")
@@ -66,6 +75,22 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
     outcome = yield
     _fail_missing_module_skip(outcome.get_result())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run on a process the tests left alive, naming it; then kill it by its pid."""
+    left = leftovers.wait_for_leftovers(RUN_PID, LEFTOVER_GRACE_S)
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    write = reporter.write_line if reporter is not None else lambda line: print(line, file=sys.stderr)
+    write(f"tests/conftest.py: {len(left)} process(es) the tests started are still alive"
+          f" {LEFTOVER_GRACE_S:.0f} s after the last test; killing them:")
+    for proc in left:
+        write(f"  left behind: {proc}")
+    leftovers.kill(left)
+    if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _serve(kind: type[Server]) -> Iterator[Server]:

@@ -1,9 +1,16 @@
 """``examples/fleet.sh`` started, used and stopped: a tool call through its two worker pools
 into its PostgreSQL store, the CLI on that store, Flower, the Flask app and the metrics;
-then Ctrl-C (SIGINT) stops every process it started."""
+then SIGTERM stops every process it started.
+
+The script runs as it does on stock Debian and under ``nohup`` or ``&``: PostgreSQL's
+``initdb`` off PATH (only in /usr/lib/postgresql/*/bin), and SIGINT ignored (bash cannot
+trap a signal it started with ignored, so Ctrl-C's SIGINT never stops a background fleet).
+Whatever happens, the teardown kills the script's whole process group and each PID of its
+pid file (PostgreSQL detaches into a session of its own)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import unavailable
+from ..servers import ServerUnavailable, postgres_bin
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "fleet.sh"
@@ -41,6 +49,49 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def path_without(*binaries: str) -> str:
+    """PATH less the directories that hold any of ``binaries``."""
+    return os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if d and not any(os.access(os.path.join(d, b), os.X_OK) for b in binaries))
+
+
+def start_fleet(run: Path, out: Path, **env: str) -> subprocess.Popen:
+    """fleet.sh as a background job starts it: SIGINT ignored, in a process group of its own."""
+    for binary in ("initdb", "pg_ctl"):
+        try:
+            postgres_bin(binary)
+        except ServerUnavailable as e:
+            unavailable(str(e))
+    if shutil.which("redis-server") is None:
+        unavailable("redis-server is not installed")
+    full = {**os.environ, "AAA_FLEET_DIR": str(run), "PYTHON": sys.executable,
+            "PATH": path_without("initdb", "pg_ctl"), **env}
+    with open(out, "wb") as log:
+        return subprocess.Popen(["bash", str(SCRIPT)], env=full, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+
+
+def fleet_pids(run: Path) -> dict[str, int]:
+    path = run / "pids"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return {line.split()[0]: int(line.split()[1]) for line in lines if len(line.split()) == 2}
+
+
+def kill_fleet(proc: subprocess.Popen, run: Path) -> None:
+    """The teardown: SIGKILL the script's process group and each PID of its pid file, and
+    remove root's PostgreSQL directory (what fleet.sh's own stop would have done)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for pid in fleet_pids(run).values():
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    if (run / "pg_dir").exists():
+        shutil.rmtree((run / "pg_dir").read_text().strip(), ignore_errors=True)
 
 
 def get(url: str) -> tuple[int, str]:
@@ -77,14 +128,9 @@ def wait(check, timeout_s: float = 60.0):
     return value
 
 
-def test_fleet_sh_starts_serves_a_tool_call_and_stops_everything_on_ctrl_c(tmp_path):
-    for binary in ("redis-server", "initdb", "pg_ctl"):
-        if shutil.which(binary) is None:
-            unavailable(f"{binary} is not installed")
+def test_fleet_sh_in_the_background_serves_a_tool_call_and_sigterm_stops_everything(tmp_path):
     run = tmp_path / "fleet"
-    env = {**os.environ, "AAA_FLEET_DIR": str(run), "PYTHON": sys.executable}
-    with open(tmp_path / "fleet.out", "wb") as out:
-        proc = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=out, stderr=subprocess.STDOUT)
+    proc = start_fleet(run, tmp_path / "fleet.out")
     try:
         deadline = time.monotonic() + 120
         while not (run / "ready").exists():
@@ -135,16 +181,37 @@ def test_fleet_sh_starts_serves_a_tool_call_and_stops_everything_on_ctrl_c(tmp_p
         assert get(f"{fleet['AAA_FLEET_FLOWER']}/")[0] == 200
         scraped = "".join(get(url)[1] for url in fleet["AAA_FLEET_METRICS"].split())
         assert 'aaa_task_attempts_started_total{hostname="pool-' in scraped
+        proc.send_signal(signal.SIGTERM)  # `kill PID`: what stops a background fleet
+        proc.wait(timeout=60)
+        pids = fleet_pids(run)
+        assert {"redis", "postgres", "pool-a", "pool-b", "flower", "flask"} <= set(pids)
+        deadline = time.monotonic() + 15
+        while [n for n, p in pids.items() if alive(p)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [n for n, p in pids.items() if alive(p)], (tmp_path / "fleet.out").read_text()
     finally:
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    pids = {line.split()[0]: int(line.split()[1]) for line in (run / "pids").read_text().splitlines()}
-    assert {"redis", "postgres", "pool-a", "pool-b", "flower", "flask"} <= set(pids)
-    deadline = time.monotonic() + 15
-    while [n for n, p in pids.items() if alive(p)] and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not [n for n, p in pids.items() if alive(p)], (tmp_path / "fleet.out").read_text()
+        kill_fleet(proc, run)
+
+
+def test_fleet_sh_shows_initdb_s_own_error_and_stops_what_it_started(tmp_path):
+    run = tmp_path / "fleet"
+    env = {}
+    if os.geteuid() == 0:  # PostgreSQL runs as postgres, in a directory it cannot reach
+        blocked = tmp_path / "blocked"
+        blocked.mkdir(mode=0o700)
+        env["TMPDIR"] = str(blocked)
+    else:  # PostgreSQL's data directory is taken
+        (run / "pg" / "data").mkdir(parents=True)
+        (run / "pg" / "data" / "something").write_text("")
+    proc = start_fleet(run, tmp_path / "fleet.out", **env)
+    try:
+        proc.wait(timeout=60)
+        out = (tmp_path / "fleet.out").read_text()
+        assert proc.returncode != 0, out
+        assert "fleet.sh: PostgreSQL's initdb failed" in out, out
+        assert "initdb: error:" in out, out  # initdb's own words, from the end of initdb.log
+        pids = fleet_pids(run)
+        assert set(pids) == {"redis"}, out
+        assert not alive(pids["redis"]), out
+    finally:
+        kill_fleet(proc, run)
