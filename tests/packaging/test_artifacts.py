@@ -19,8 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.build
 
-#: The package data setuptools must ship beside the modules (pyproject's package-data).
-DATA = ("py.typed", "stores/lua/*.lua", "worker/lua/*.lua", "contrib/assets/*")
+#: Files inside the package that are not package data (notes beside the code).
+NOT_DATA = (".py", ".pyc", ".md")
 
 TINY_APP = """\
 from celery import Celery
@@ -31,9 +31,13 @@ app.conf.aaa_store_url = "memory://"
 
 
 def package_data() -> set[str]:
-    files = {p for pattern in DATA for p in (ROOT / "aaa_celery").glob(pattern) if p.is_file()}
-    assert len(files) > 20, files  # a renamed directory must not make this test vacuous
-    return {str(p.relative_to(ROOT)) for p in files}
+    """Every file of the package that is not a module: the Lua scripts, the web assets,
+    ``py.typed`` (pyproject's package-data must list them all)."""
+    files = {str(p.relative_to(ROOT)) for p in (ROOT / "aaa_celery").rglob("*")
+             if p.is_file() and p.suffix not in NOT_DATA and "__pycache__" not in p.parts}
+    kinds = {"py.typed", ".lua", "contrib/assets/"}
+    assert all(any(k in f for f in files) for k in kinds), files  # a vacuous check would pass anything
+    return files
 
 
 def clean_env(venv: Path) -> dict[str, str]:

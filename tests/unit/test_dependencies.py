@@ -5,7 +5,9 @@ through ``flask``). CI installs exactly that into a new virtualenv (scripts/test
 undeclared import fails there; this test names it wherever the machine happens to have it.
 
 Imports are read from the source (``ast``), at any depth (a lazy driver import inside a
-function counts), except under ``if TYPE_CHECKING:``.
+function counts, and so does ``pytest.importorskip("x")``), except under ``if TYPE_CHECKING:``
+and in the body of a ``try`` that catches ``ImportError`` (an optional module the code works
+without; a test that needs one calls ``unavailable()`` there, which fails under ``CI=true``).
 """
 
 from __future__ import annotations
@@ -75,6 +77,15 @@ def _constant_import(node: ast.Call) -> str | None:
     return None
 
 
+def _optional(node: ast.Try) -> bool:
+    """``try: import x`` / ``except ImportError:``: code that works without ``x``."""
+    for handler in node.handlers:
+        caught = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+        if any(isinstance(c, ast.Name) and c.id in ("ImportError", "ModuleNotFoundError") for c in caught):
+            return True
+    return False
+
+
 def imported(tree: ast.AST) -> Iterator[str]:
     """The modules ``tree`` imports absolutely (``from a.b import c`` gives ``a.b.c``, which
     may be a module or a name in ``a.b``)."""
@@ -83,6 +94,9 @@ def imported(tree: ast.AST) -> Iterator[str]:
         node = todo.pop()
         if isinstance(node, ast.If) and _type_checking_only(node):
             todo.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Try) and _optional(node):
+            todo.extend([*node.handlers, *node.orelse, *node.finalbody])
             continue
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
