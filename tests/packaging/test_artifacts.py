@@ -58,10 +58,15 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str], timeout_s: float) -> str
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    # from a copy: the build writes *.egg-info and build/ beside the sources it builds
+    # from a copy of the checkout's files (what git tracks or would): the build writes
+    # *.egg-info and build/ beside the sources it builds
     src = out / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv*", ".cache", "build", "dist",
-                                                             "*.egg-info", "__pycache__", ".pytest_cache"))
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.splitlines()
+    for name in listed:
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
     run([sys.executable, "-m", "build", "--outdir", str(out), str(src)], cwd=out, env=dict(os.environ),
         timeout_s=600)
     return out
