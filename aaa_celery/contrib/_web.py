@@ -5,6 +5,10 @@ The Flask extension and the Django app are thin adapters over :class:`AgentRuns`
 
 from __future__ import annotations
 
+import base64
+import binascii
+import bisect
+import hashlib
 import importlib
 import inspect
 import json
@@ -25,6 +29,8 @@ logger = logging.getLogger("aaa_celery.contrib")
 
 #: Allowed decisions on a pending approval, as posted by a person.
 DECISIONS = ("approve", "deny")
+#: Pending approvals per page of ``GET approvals`` (``?limit=``: at most :data:`MAX_PAGE`).
+DEFAULT_PAGE, MAX_PAGE = 100, 500
 
 
 def load(value: Any) -> Any:
@@ -67,6 +73,8 @@ class Settings:
     warning). Never in production: an approval must come from a person you know."""
     approval_ttl_s: float = DEFAULT_APPROVAL_TTL_S
     """How long a call waits for a person, in seconds (default 24 h); then it fails as ApprovalExpired."""
+    max_body_bytes: int = 64 * 1024
+    """The largest body of ``POST /runs`` (starting a run), in bytes; a larger one is refused (413)."""
     url_prefix: str = "/aaa"
     """Flask only: where the blueprint's routes live."""
     auto_resume: bool = False
@@ -134,6 +142,46 @@ def check_tenant_hook(settings: Settings) -> Callable[[Any], Any] | None:
         return None
     return _checked_hook(hook, "TENANT", "tenant(request) -> str | None", 1,
                          ": it says the tenant of the runs the request starts")
+
+
+def _whole(value: Any, name: str) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, got {str(value)[:40]!r}") from None
+
+
+def _place(p: dict[str, Any]) -> tuple[float, str]:
+    """Where a pending approval stands in the pages: oldest first, then by call id."""
+    return float(p.get("since") or 0.0), str(p.get("call_id"))
+
+
+def _encode_cursor(place: tuple[float, str]) -> str:
+    return base64.urlsafe_b64encode(json.dumps([place[0], place[1]]).encode()).decode().rstrip("=")
+
+
+def _cursor(text: Any) -> tuple[float, str]:
+    """A page cursor (``next``) read back; ``ValueError`` for anything else."""
+    try:
+        raw = str(text)
+        since, call_id = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+        return float(since), str(call_id)
+    except (ValueError, TypeError, binascii.Error):
+        raise ValueError("after must be the 'next' cursor of the page before") from None
+
+
+def etag(payload: Any) -> str:
+    """A strong ETag of a JSON response: a poll that finds nothing new gets a 304."""
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
+    return '"' + hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest()[:32] + '"'
+
+
+def body_too_large(settings: Settings, length: int | None) -> str | None:
+    """Why a body of ``length`` bytes is refused (413), or None."""
+    bound = settings.max_body_bytes
+    if length is not None and length > bound:
+        return f"the body has {length} bytes, more than MAX_BODY_BYTES={bound}"
+    return None
 
 
 @overload
@@ -256,6 +304,19 @@ class AgentRuns:
             return seen[key]
 
         return _plain([p.to_dict() for p in self.engine.pending_approvals() if request is None or visible(p)])
+
+    def approvals_page(self, request: Any, limit: Any = None, after: Any = None) -> dict[str, Any]:
+        """A page of :meth:`approvals`: at most ``limit`` (default 100, at most 500) after the
+        cursor ``after`` (the ``next`` of the page before), and the ``next`` cursor (None at the
+        end). ``ValueError`` for a bad limit or cursor (a 400)."""
+        size = DEFAULT_PAGE if limit in (None, "") else _whole(limit, "limit")
+        if not 1 <= size <= MAX_PAGE:
+            raise ValueError(f"limit must be 1 to {MAX_PAGE}, got {size}")
+        every = sorted(self.approvals(request), key=_place)
+        start = 0 if after in (None, "") else bisect.bisect_right([_place(p) for p in every], _cursor(after))
+        page = every[start:start + size]
+        more = start + size < len(every)
+        return {"approvals": page, "next": _encode_cursor(_place(page[-1])) if more and page else None}
 
     def decide(self, run_id: str, call_id: str, decision: str, *, digest: str | None, reason: str = "",
                tenant: str | None = None, request: Any = None) -> None:

@@ -45,7 +45,8 @@ POST     ``/runs``                             start: JSON or form ``task`` (``t
 GET      ``/runs/<run_id>``                    page: live events, Approve/Deny, attempts
 GET      ``/runs/<run_id>/events?after=N``     JSON: status, events, pending, result
 GET      ``/runs/<run_id>/attempts``           JSON: each call's audit trail from the store
-GET      ``/approvals``                        JSON: every pending approval the request may see
+GET      ``/approvals?limit=N&after=C``        JSON: a page of the pending approvals the request may see
+                                               (``next``: the cursor of the next page; ETag, 304)
 POST     ``/runs/<run_id>/approvals/<call>``   decide: ``decision`` approve|deny, ``digest`` (required),
                                                ``reason``
 =======  ====================================  ==========================================
@@ -80,7 +81,7 @@ from ..errors import ConfigError
 from ..runtime import PendingApproval
 from ..runtime.sync import SyncRunHandle
 from ._pages import SECURITY_HEADERS, static, template
-from ._web import AgentRuns, Settings, TenantRefused
+from ._web import AgentRuns, Settings, TenantRefused, body_too_large, etag
 
 EXTENSION = "aaa_celery"
 #: Where the session keeps the CSRF token of the routes.
@@ -167,6 +168,7 @@ def _error(status: int, message: str) -> ResponseReturnValue:
 
 @blueprint.errorhandler(403)
 @blueprint.errorhandler(404)
+@blueprint.errorhandler(413)
 def _http_error(e: Any) -> ResponseReturnValue:
     return _error(e.code, e.description)
 
@@ -230,6 +232,10 @@ def list_runs() -> ResponseReturnValue:
 @blueprint.post("/runs")
 def start_run() -> ResponseReturnValue:
     runs = _allowed()
+    too_large = body_too_large(runs.settings, request.content_length)
+    if too_large is not None:
+        return _error(413, too_large)
+    request.max_content_length = runs.settings.max_body_bytes  # a body without a length, too
     body = request.get_json(silent=True) if request.is_json else request.form
     task = (body or {}).get("task")
     if not task:
@@ -265,7 +271,15 @@ def run_attempts(run_id: str) -> ResponseReturnValue:
 
 @blueprint.get("/approvals")
 def approvals() -> ResponseReturnValue:
-    return jsonify(approvals=_allowed().approvals(request))
+    runs = _allowed()
+    try:
+        page = runs.approvals_page(request, request.args.get("limit"), request.args.get("after"))
+    except ValueError as e:
+        return _error(400, str(e))
+    response = jsonify(page)
+    response.set_etag(etag(page).strip('"'))
+    response.headers["Cache-Control"] = "no-cache"  # the page's polls revalidate: 304 when nothing changed
+    return response.make_conditional(request)
 
 
 @blueprint.post("/runs/<run_id>/approvals/<path:call_id>")

@@ -34,6 +34,7 @@ import os
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
@@ -481,13 +482,23 @@ class Engine:
         found = [p for h in list(self.runs.values()) if in_scope(h.tenant, tenant) for p in h.pending_approvals()]
         if self.durable:
             now = time.time()
-            for record in self.store.list_runs(tenant=None if tenant is ANY_TENANT else tenant,
-                                               all_tenants=tenant is ANY_TENANT, active=True, limit=10_000):
+            for record in self._active_runs(tenant):
                 live = self.runs.get(record.run_id)
                 if (live is None or live.tenant != record.tenant) and record.status == "waiting":
                     found.extend(stored_approval(a) for a in record.approvals.values()
                                  if a.get("state") == "open" and a.get("expires_at", 0) > now)
         return sorted(found, key=lambda p: p.since)
+
+    def _active_runs(self, tenant: str | None | AnyTenant, page: int = 1000) -> Iterator[RunRecord]:
+        """Every run still going (of ``tenant``) in the store, newest first, read a page at a time."""
+        before: tuple[float, str] | None = None
+        while True:
+            records = self.store.list_runs(tenant=None if tenant is ANY_TENANT else tenant,
+                                           all_tenants=tenant is ANY_TENANT, active=True, limit=page, before=before)
+            yield from records
+            if len(records) < page:
+                return
+            before = records[-1].cursor
 
     def call_events(self, call_id: str, *, tenant: str | None | AnyTenant = ANY_TENANT) -> list[Event]:
         """A call's audit trail from the store; empty for another tenant's call."""

@@ -248,3 +248,24 @@ def test_a_person_cannot_start_a_run_in_another_tenant(client: Any):
     with aaa_settings(AUTHORIZE=authorize):  # no TENANT hook: a body that names a tenant is refused
         r = client.post("/aaa/runs", {"task": "cancel order B-7", "tenant": "b"}, content_type="application/json", **a)
         assert r.status_code == 403 and "TENANT" in r.json()["error"]
+
+
+def test_request_limits_a_bounded_start_and_paginated_approvals_with_an_etag(client: Any):
+    """Reproduces on c79799f (issue 21, item 9): a 20 MiB task was accepted (201) and stored;
+    ``/approvals`` answered every pending call at once."""
+    with aaa_settings(MAX_BODY_BYTES=4096):
+        from aaa_celery.contrib.django import get_runs
+
+        r = client.post("/aaa/runs", {"task": "x" * (20 * 1024 * 1024)}, content_type="application/json")
+        assert r.status_code == 413 and "4096" in r.json()["error"]
+        assert get_runs().engine.runs() == []
+        for n in range(3):
+            r = client.post("/aaa/runs", {"task": f"cancel order C-{n}"}, content_type="application/json")
+            assert r.status_code == 201
+        every = wait(lambda: (x := client.get("/aaa/approvals").json()["approvals"]) and len(x) == 3 and x)
+        first = client.get("/aaa/approvals?limit=2").json()
+        rest = client.get(f"/aaa/approvals?limit=2&after={first['next']}").json()
+        assert [p["call_id"] for p in first["approvals"] + rest["approvals"]] == [p["call_id"] for p in every]
+        assert rest["next"] is None
+        r = client.get("/aaa/approvals")
+        assert client.get("/aaa/approvals", HTTP_IF_NONE_MATCH=r.headers["ETag"]).status_code == 304

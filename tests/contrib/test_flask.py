@@ -330,3 +330,35 @@ def test_a_person_cannot_start_a_run_in_another_tenant():
     with pytest.raises(ConfigError, match=r"TENANT .* must take \(request\)"), \
             example(AAA_CELERY_AUTHORIZE=authorize, AAA_CELERY_TENANT=lambda: "a"):
         pass
+
+
+def test_request_limits_a_bounded_start_and_paginated_approvals_with_an_etag():
+    """Reproduces on c79799f (issue 21, item 9): a 20 MiB task was accepted (201) and stored;
+    ``/approvals`` answered every pending call at once, and the page polled all of it every
+    second."""
+    with example(AAA_CELERY_MAX_BODY_BYTES=4096) as app:
+        client = with_csrf(app.test_client())
+        # Given a start whose body is beyond the bound: 413, nothing started
+        r = client.post("/aaa/runs", json={"task": "x" * (20 * 1024 * 1024)})
+        assert r.status_code == 413, r.status_code
+        assert "4096" in r.get_json()["error"]
+        assert app.extensions["aaa_celery"].engine.runs() == []
+        # Given five refunds waiting for a person
+        for n in range(5):
+            assert client.post("/aaa/runs", json={"task": "refund order A-100"}).status_code == 201
+        every = wait(lambda: (x := client.get("/aaa/approvals").get_json()["approvals"]) and len(x) == 5 and x)
+        # When they are read two at a time, following the cursor, Then each comes once, in order
+        seen, url = [], "/aaa/approvals?limit=2"
+        while url:
+            page = client.get(url).get_json()
+            assert len(page["approvals"]) <= 2
+            seen += page["approvals"]
+            url = f"/aaa/approvals?limit=2&after={page['next']}" if page["next"] else ""
+        assert [p["call_id"] for p in seen] == [p["call_id"] for p in every]
+        assert client.get("/aaa/approvals?limit=0").status_code == 400
+        assert client.get("/aaa/approvals?after=not-a-cursor").status_code == 400
+        # and a poll that finds nothing new costs a 304, no body
+        r = client.get("/aaa/approvals")
+        assert r.headers["ETag"] and "no-cache" in r.headers["Cache-Control"]
+        again = client.get("/aaa/approvals", headers={"If-None-Match": r.headers["ETag"]})
+        assert again.status_code == 304 and again.get_data() == b""

@@ -25,7 +25,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from ...runtime import PendingApproval
 from ...runtime.sync import SyncRunHandle
 from .._pages import SECURITY_HEADERS, static, template
-from .._web import AgentRuns, TenantRefused
+from .._web import AgentRuns, TenantRefused, body_too_large, etag
 from .runs import get_runs
 
 #: Django's template engine on its own (autoescaping on), for the two pages only.
@@ -134,6 +134,13 @@ def runs_view(request: HttpRequest, runs: AgentRuns) -> HttpResponse:
         return _forbidden()
     if request.method != "POST":
         return JsonResponse({"runs": runs.runs(request)})
+    try:
+        length: int | None = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = None
+    too_large = body_too_large(runs.settings, length)
+    if too_large is not None:
+        return _error(413, too_large)
     body = _body(request)
     if not body.get("task"):
         return _error(400, "'task' is required")
@@ -187,10 +194,22 @@ def attempts(request: HttpRequest, runs: AgentRuns, run_id: str) -> HttpResponse
 @_secured
 @_runs_view
 def approvals(request: HttpRequest, runs: AgentRuns) -> HttpResponse:
-    """JSON: every pending approval of the runs the request may see."""
+    """JSON: a page of the pending approvals of the runs the request may see (``?limit=N&after=C``,
+    ``next``: the cursor of the next page), with an ETag (a poll that finds nothing new: 304)."""
     if not runs.allowed(request):
         return _forbidden()
-    return JsonResponse({"approvals": runs.approvals(request)})
+    try:
+        page = runs.approvals_page(request, request.GET.get("limit"), request.GET.get("after"))
+    except ValueError as e:
+        return _error(400, str(e))
+    tag = etag(page)
+    if tag in [t.strip() for t in request.headers.get("If-None-Match", "").split(",")]:
+        response: HttpResponse = HttpResponse(status=304)
+    else:
+        response = JsonResponse(page)
+    response.headers["ETag"] = tag
+    response.headers["Cache-Control"] = "no-cache"
+    return response
 
 
 @require_POST
