@@ -1,7 +1,7 @@
 """The pure state machine of one tool call: no I/O, no Celery.
 
 Every store reads a call's state, asks these functions what to do, and applies
-the answer atomically. ``plan_begin``/``plan_finish``/``plan_fenced``/``plan_release``
+the answer atomically. ``plan_begin``/``plan_finish``/``plan_fenced``/``plan_release``/``plan_hand_on``/``plan_record``
 return the decision as :class:`Writes`: the reply and every payload to write (the
 lease, the one result, the audit event with its id and data). The memory and SQL
 stores apply them through one shared step (``stores/_writes.py``); the Redis store
@@ -506,7 +506,7 @@ class Writes:
       once the unclaimed grace has passed since the hand-on.
     """
 
-    reply: BeginResult | FinishResult | None = None
+    reply: BeginResult | FinishResult | bool | None = None
     claim: Lease | None = None
     record: Outcome | None = None
     event: Draft | None = None
@@ -565,3 +565,43 @@ def plan_hand_on(lease: Lease, holds: bool) -> Writes:
 def plan_release(lease: Lease) -> Writes:
     """``lease``'s holder gives the lease back without a result (the attempt counts as lost)."""
     return Writes(let_go=lease.token)
+
+
+#: How an outcome recorded from outside an attempt (:func:`plan_record`) is checked:
+#:
+#: - ``first``: first writer wins (a revoked or expired call, a refused message, a policy's
+#:   denial, a call the store cannot write): recorded unless the call has a result.
+#: - ``fenced``: also only while no attempt later than ``outcome.attempt`` has started (a
+#:   hard time limit ends the attempt the worker killed, never a later one).
+#: - ``abandon``: recovery gives up on a call it knows: only while no live lease holds it
+#:   and its attempt count is still ``outcome.attempt`` (``Store.abandon``).
+RecordKind = Literal["first", "fenced", "abandon"]
+RECORD_KINDS: tuple[RecordKind, ...] = ("first", "fenced", "abandon")
+
+
+def record_allowed(kind: RecordKind, state: CallState, outcome: Outcome) -> bool:
+    """Whether ``outcome`` may become the call's one result, recorded from outside an
+    attempt as ``kind`` says (see :data:`RecordKind`); no lease is taken or needed."""
+    if state.result is not None:
+        return False
+    if kind == "fenced":
+        return state.attempts <= outcome.attempt
+    if kind == "abandon":
+        return not state.holder_live and state.attempts == outcome.attempt
+    return True
+
+
+def plan_record(kind: RecordKind, state: CallState, call: CallSpec, outcome: Outcome) -> Writes:
+    """An outcome recorded from outside an attempt, as writes: the call's one result with its
+    event (the result frees the lease, whoever holds it), else nothing; the reply says which.
+
+    Every such path (a revocation, a refused or denied message, a hard time limit, a call the
+    store cannot write, recovery giving up) is this one plan (``Store.record``); an operator's
+    resolution and a reconcile step replace a result instead (``Store.settle``).
+    """
+    if kind not in RECORD_KINDS:
+        raise ValueError(f"record kind must be one of {RECORD_KINDS}, not {kind!r}")
+    if not record_allowed(kind, state, outcome):
+        return Writes(False)
+    return Writes(True, record=outcome, event=result_event(call, outcome))
+

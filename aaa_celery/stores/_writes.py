@@ -2,7 +2,7 @@
 
 A store reads a call's state under its lock, asks :mod:`aaa_celery.lifecycle` for
 the :class:`~aaa_celery.lifecycle.Writes` of the operation (``plan_begin``,
-``plan_finish``, ``plan_fenced``, ``plan_release``, ``plan_hand_on``), and hands them to :func:`apply`
+``plan_finish``, ``plan_fenced``, ``plan_release``, ``plan_hand_on``, ``plan_record``), and hands them to :func:`apply`
 with a :class:`CallWriter`: the writes a backend knows how to make, on that
 one locked call. The Redis store applies the same writes in Lua (``lua/_lib.lua``).
 """

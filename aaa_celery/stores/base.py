@@ -25,8 +25,7 @@ from ..lifecycle import (
     FinishResult,
     Lease,
     Outcome,
-    Writes,
-    result_event,
+    RecordKind,
 )
 from .runs import RunRecords
 
@@ -44,12 +43,6 @@ def recovery_hold(tries: int, hold_s: float, max_hold_s: float | None) -> float:
     earlier republish since its last claim, at most ``max_hold_s``."""
     longest = hold_s if max_hold_s is None else max(hold_s, max_hold_s)
     return float(min(longest, hold_s * 2 ** (tries - 1)))
-
-
-def plan_abandon(call: CallSpec, outcome: Outcome) -> Writes:
-    """The writes of :meth:`Store.abandon` once its checks passed: the failure as the call's
-    one result, with its event (the memory and SQL stores; ``lua/abandon.lua`` for Redis)."""
-    return Writes(record=outcome, event=result_event(call, outcome))
 
 
 class Store(RunRecords, abc.ABC):
@@ -142,13 +135,21 @@ class Store(RunRecords, abc.ABC):
         """
 
     @abc.abstractmethod
-    def abandon(self, call: CallSpec, outcome: Outcome) -> bool:
-        """Record ``outcome`` (a failure) as the result of a call that recovery gives up on.
-
-        Atomic, and only if the call is known, has no result and no live lease, and has
-        exactly ``outcome.attempt`` attempts; True if recorded. Its result event is
-        built from ``call``.
+    def record(self, call: CallSpec, outcome: Outcome, kind: RecordKind = "first") -> bool:
+        """Record ``outcome`` as the call's one result from outside an attempt, with its
+        result event, atomically, if :func:`~aaa_celery.lifecycle.plan_record` allows it for
+        ``kind`` (``first``: the call has no result; ``fenced``: nor an attempt later than
+        ``outcome.attempt``; ``abandon``: a known call, no live lease, exactly
+        ``outcome.attempt`` attempts). The result frees the call's lease, whoever holds it.
+        ``call`` is registered first (``first`` and ``fenced``; as :meth:`register`), so its
+        events carry its name. True if recorded; False, writing no outcome, if not.
         """
+
+    def abandon(self, call: CallSpec, outcome: Outcome) -> bool:
+        """Record ``outcome`` (a failure) as the result of a call that recovery gives up on:
+        :meth:`record` as ``abandon`` (only if the call is known, has no result and no live
+        lease, and has exactly ``outcome.attempt`` attempts); True if recorded."""
+        return self.record(call, outcome, "abandon")
 
     @abc.abstractmethod
     def save_checkpoint(self, lease: Lease, checkpoint: str) -> bool:

@@ -21,6 +21,7 @@ from ..lifecycle import (
     FinishResult,
     Lease,
     Outcome,
+    RecordKind,
     joined,
     event_id,
     merge_spec,
@@ -28,10 +29,11 @@ from ..lifecycle import (
     plan_fenced,
     plan_finish,
     plan_hand_on,
+    plan_record,
     plan_release,
 )
 from ._writes import CallWriter, apply
-from .base import Store, new_token, plan_abandon, recovery_hold
+from .base import Store, new_token, recovery_hold
 from .budgets import admits, check_spend, window_of
 from .ops import CallRecord, plan_resolve
 from .runs_memory import DEFAULT_RUN_RETENTION, MemoryRuns
@@ -221,15 +223,14 @@ class MemoryStore(MemoryRuns, Store):
             rec.recovery_until = now + recovery_hold(rec.recovery_tries, hold_s, max_hold_s)
             return rec.recovery_tries
 
-    def abandon(self, call: CallSpec, outcome: Outcome) -> bool:
+    def record(self, call: CallSpec, outcome: Outcome, kind: RecordKind = "first") -> bool:
         with self._lock:
-            rec = self._calls.get(call.call_id)
-            now = self.now()
-            if rec is None or rec.result is not None or rec.live(now) or rec.attempts != outcome.attempt:
+            rec = self._calls.get(call.call_id) if kind == "abandon" else self._call(call)
+            if rec is None:
                 return False
-            apply(plan_abandon(call, outcome), _Writer(rec, now))
-            return True
-
+            now = self.now()
+            recorded: bool = apply(plan_record(kind, rec.state(now), rec.spec, outcome), _Writer(rec, now))
+            return recorded
 
     # -- Operators' verbs (stores/ops.py) ----------------------------------------------
 

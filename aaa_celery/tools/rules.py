@@ -23,7 +23,7 @@ from ..errors import ConfigError, InvalidId, PolicyDenied, StoreError, ToolArgsE
 from ..policy import Budget, Where, admit, check, parse_check
 from ..protocol import RUN_HEADER, TENANT_HEADER, check_call, tenant_of
 from ..worker import app_store
-from ..worker.messages import settle
+from ..worker.settle import settle_refused
 
 
 def _polices(policy: Any) -> bool:
@@ -68,7 +68,7 @@ def judge_delivery(task: Any, args: Any, kwargs: Any) -> None:
         admit(policy, type(task).tool.name, identity.tenant if identity else None, arguments, req.id, store.spend)
     except PolicyDenied as denied:
         try:
-            recorded = settle(task.app, task, req.id, denied)
+            recorded = settle_refused(task.app, task, req.id, denied)
         except StoreError as e:
             raise _hand_back(e) from None
         if recorded:

@@ -33,7 +33,6 @@ from celery.exceptions import InvalidTaskError
 
 from ..config import GuardConfig
 from ..errors import InvalidId, ToolArgsError
-from ..lifecycle import Accepted, CallSpec, Lease, Outcome
 from ..protocol import (
     MAX_CALL_ID_BYTES,
     RUN_HEADER,
@@ -46,7 +45,7 @@ from ..protocol import (
     check_tenant,
 )
 from . import inflate
-from .stores import app_store
+from .settle import settle_refused
 
 log = logging.getLogger("aaa_celery.worker")
 
@@ -60,8 +59,6 @@ _AAA_HEADERS: dict[str, Callable[[Any], Any]] = {
 }
 #: Headers Celery reads in the main process, and the types each may have (None: absent).
 _TEXT_HEADERS = ("root_id", "parent_id", "group", "shadow", "argsrepr", "kwargsrepr", "eta", "expires", "lang")
-#: A settling "attempt" (as for a revoked call): no lease holds the call, nothing is fenced.
-_SETTLE = GuardConfig(fence_results=False)
 #: The fields of a protocol 1 body that Celery's worker reads as headers
 #: (``celery.worker.strategy.proto1_to_proto2``).
 _V1_FIELDS = ("lang", "task", "id", "root_id", "parent_id", "group", "shadow", "eta", "expires", "retries",
@@ -176,28 +173,11 @@ def check_arguments(args: Any, kwargs: Any, call_id: str) -> None:
         raise Malformed("kwargs is not an object with string keys", call_id)
 
 
-def settle(app: Any, task: Any, call_id: str, error: BaseException) -> bool:
-    """Record ``error`` as the call's one outcome without taking an attempt, in the store
-    and in the result backend; False if the call already had an outcome (it keeps it).
-    Raises the store's errors (``StoreError``); a result backend's is only logged."""
-    outcome = Outcome.failure(type(error).__name__, str(error))
-    store = app_store(app)
-    store.register(CallSpec(call_id, getattr(task, "audit_name", None) or task.name))  # names its events
-    recorded = store.finish(Lease(call_id, 0, "refused", "", 0.0), outcome, _SETTLE)
-    if not isinstance(recorded, Accepted):
-        return False
-    try:
-        task.backend.mark_as_failure(call_id, error)
-    except Exception as e:  # noqa: BLE001 - the store holds the outcome; the backend is a copy
-        log.warning("aaa: could not store the result of the refused call %s: %r", call_id, e)
-    return True
-
-
 def record_failure(app: Any, task: Any, call_id: str, error: BaseException) -> bool:
-    """:func:`settle`, for the consumer: a store that cannot be reached is logged, not
-    raised (nothing here may stop the worker), and gives False."""
+    """:func:`~.settle.settle_refused`, for the consumer: a store that cannot be reached is
+    logged, not raised (nothing here may stop the worker), and gives False."""
     try:
-        return settle(app, task, call_id, error)
+        return settle_refused(app, task, call_id, error)
     except Exception as e:  # noqa: BLE001
         log.warning("aaa: could not record the refused call %s: %r", call_id, e)
         return False

@@ -7,8 +7,8 @@ store, so without this its lease would lapse and recovery would run the call aga
 record ``OutcomeUnknown``), replacing the FAILURE the caller already saw.
 
 :class:`GuardedRequest` (``GuardedTask.Request``) records that same failure in the store
-first, from the main process (before Celery's own write), as the call's one result: a lease-less finish fenced by
-the timed-out attempt (first writer wins, the lease is freed, recovery never starts
+first, from the main process (before Celery's own write), as the call's one result: an outside record
+(``Store.record``, kind ``fenced``) that ends the timed-out attempt (first writer wins, the lease is freed, recovery never starts
 another attempt). The attempt is the last one started by the killed child (its worker
 name carries the child's pid); if a later attempt started elsewhere, or the store
 cannot be reached, nothing is recorded and recovery does what it does for a lost worker.
@@ -25,14 +25,12 @@ from celery.worker.request import Request
 
 from ..config import GuardConfig
 from ..errors import StoreError
-from ..lifecycle import COMPLETED, FAILED, STARTED, Lease, Outcome
-from .revoke import settle
+from ..lifecycle import COMPLETED, FAILED, STARTED, CallSpec, Outcome, stamped
+from .settle import settle_or_log
 from .stores import app_store
 
 log = logging.getLogger("aaa_celery.worker")
 
-#: Fenced by the attempt: a result from the timed-out attempt is stale once a later one started.
-_FENCED = GuardConfig(fence_results=True)
 TIME_LIMIT_ERROR = "TimeLimitExceeded"
 
 
@@ -67,8 +65,8 @@ def record_time_limit(task: Any, call_id: str, hostname: str, pid: int | None, t
     if attempt is None:
         log.info("aaa: hard time limit of %s not recorded: no open attempt of child %s", call_id, pid)
         return False
-    lease = Lease(call_id, attempt, "time_limit", "", 0.0)
-    return settle(task.app, lease, time_limit_outcome(timeout), _FENCED, "hard time limit")
+    outcome = stamped(time_limit_outcome(timeout), attempt)  # ends that attempt, never a later one
+    return settle_or_log(task.app, CallSpec(call_id), outcome, "hard time limit", "fenced")
 
 
 class GuardedRequest(Request):

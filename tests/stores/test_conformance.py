@@ -36,6 +36,7 @@ from aaa_celery.lifecycle import (
     Refused,
     Stale,
     checkpoint_json,
+    stamped,
 )
 
 SHORT_TTL_S = 0.3
@@ -615,6 +616,56 @@ def test_abandon_records_a_failure_only_for_a_call_nobody_holds(store_factory, l
     # And a later delivery of the abandoned call answers with that result
     assert isinstance(store.begin(lost, "worker-b", cfg), Finished)
     assert store.finish(lease, Outcome.success(1), cfg) is not None
+
+
+
+def test_record_from_outside_an_attempt_first_writer_wins_and_frees_the_lease(store_factory):
+    # Given a call a worker holds, and a call the store never saw
+    store, other = store_factory(), store_factory()
+    held, unseen = new_call(), new_call("mail")
+    cfg = config()
+    lease = claim(store, held, "worker-a", cfg).lease
+    revoked = Outcome.failure("TaskRevokedError", "revoked")
+
+    # When the call is revoked from outside its attempt (no lease: kind "first")
+    # Then it is recorded with its result event, named by the stored spec, and the lease is free
+    assert other.record(CallSpec(held.call_id), revoked) is True
+    assert store.result(held.call_id) == revoked
+    assert trail(store, held.call_id) == [(STARTED, f"{held.call_id}:attempt:1", 1),
+                                          (FAILED, f"{held.call_id}:result", 0)]
+    assert store.events(held.call_id)[-1].data["name"] == held.name
+    assert not store.renew(lease)
+    # And a second record, or the holder's late finish, keeps that result
+    assert other.record(CallSpec(held.call_id), Outcome.failure("TaskRevokedError", "expired")) is False
+    assert isinstance(store.finish(lease, Outcome.success(1), cfg), Stale)
+    assert store.result(held.call_id) == revoked
+    # And a call the store never saw is registered and recorded (a refused message)
+    assert other.record(unseen, Outcome.failure("ToolArgsError", "bad")) is True
+    assert isinstance(store.begin(unseen, "worker-b", cfg), Finished)
+    assert store.events(unseen.call_id)[-1].data["name"] == "mail"
+
+
+def test_a_fenced_record_ends_only_its_own_attempt(store_factory, lose_lease):
+    # Given a call whose attempt 1 lapsed and attempt 2 started elsewhere
+    store = store_factory()
+    call = new_call()
+    cfg = config(lease_ttl_s=SHORT_TTL_S)
+    lose_lease(store, claim(store, call, "worker-a", cfg).lease)
+    claim(store_factory(), call, "worker-b", config())
+    limit = Outcome.failure("TimeLimitExceeded", "hard time limit (1s) exceeded")
+
+    # When the time limit of attempt 1 is recorded (kind "fenced")
+    # Then it is refused: attempt 2 runs on, nothing is written
+    assert store.record(call, stamped(limit, 1), "fenced") is False
+    assert store.result(call.call_id) is None
+    # And the time limit of attempt 2 ends the call
+    assert store.record(call, stamped(limit, 2), "fenced") is True
+    assert store.result(call.call_id) == stamped(limit, 2)
+
+
+def test_record_refuses_an_unknown_kind(store_factory):
+    with pytest.raises(ValueError, match="record kind"):
+        store_factory().record(new_call(), Outcome.failure("X", "y"), "whatever")
 
 
 # --- concurrency ------------------------------------------------------------------------

@@ -13,10 +13,10 @@ from typing import Any
 from celery import Celery
 
 from aaa_celery.config import GuardConfig
-from aaa_celery.lifecycle import FAILED, CallSpec, Lease, Outcome
+from aaa_celery.lifecycle import FAILED, CallSpec, Outcome
 from aaa_celery.stores.memory import MemoryStore
 from aaa_celery.worker import GuardedTask, use_store
-from aaa_celery.worker.revoke import settle
+from aaa_celery.worker.settle import settle
 from aaa_celery.worker.timelimit import record_time_limit
 
 CONFIG = GuardConfig(lease_ttl_s=30)
@@ -65,9 +65,10 @@ def test_the_record_is_fenced_by_the_attempt():
     store.release(first.lease)  # type: ignore[union-attr]  # attempt 1's lease is gone
     later = store.begin(CallSpec("c4", name="tl.slow"), "w2@host/7/1", CONFIG)  # attempt 2 elsewhere
     assert later.attempt == 2  # type: ignore[union-attr]
-    assert not settle(app, Lease("c4", 1, "time_limit", "", 0.0), Outcome.failure("TimeLimitExceeded", "late"),
-                      GuardConfig(fence_results=True), "hard time limit")
+    late = Outcome.failure("TimeLimitExceeded", "late", 1)
+    assert not settle(app, CallSpec("c4"), late, "fenced")  # attempt 1's time limit cannot end attempt 2
     assert store.result("c4") is None
+    assert settle(app, CallSpec("c4"), Outcome.failure("TimeLimitExceeded", "late", 2), "fenced")
 
 
 def test_tool_tasks_use_the_guarded_request():

@@ -78,7 +78,9 @@ from ...lifecycle import (
     Finished,
     FinishResult,
     Lease,
+    RECORD_KINDS,
     Outcome,
+    RecordKind,
     Refused,
     Stale,
     compact_json,
@@ -99,7 +101,7 @@ from ..ops import CallRecord, plan_resolve
 from .client import CLUSTER_SCHEMES, CONNECT_ERRORS, ERRORS, SOCKET_TIMEOUT_S, evalsha, lua, ms
 from .runs import RedisRuns
 
-_SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "hand_on", "register", "claim_recovery", "abandon",
+_SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "hand_on", "register", "claim_recovery", "record",
             "checkpoint")
 _CALL_KEYS = ("spec", "attempts", "result", "lease", "events")
 _INDEXES = ("running", "unclaimed")
@@ -320,9 +322,17 @@ class RedisStore(RedisRuns, Store):
         longest = hold_s if max_hold_s is None else max(hold_s, max_hold_s)
         return int(self._run("claim_recovery", call_id, worker, ms(hold_s), ms(longest), self.retention_s))
 
-    def abandon(self, call: CallSpec, outcome: Outcome) -> bool:
-        return bool(self._run("abandon", call.call_id, outcome.attempt, _json(outcome),
-                              *_event_args(result_event(call, outcome)), self.retention_s))
+    def record(self, call: CallSpec, outcome: Outcome, kind: RecordKind = "first") -> bool:
+        if kind not in RECORD_KINDS:
+            raise ValueError(f"record kind must be one of {RECORD_KINDS}, not {kind!r}")
+        spec = merge_spec(self._known_spec(call.call_id), call)
+        for _ in range(_TRIES):
+            reply = self._run("record", call.call_id, kind, outcome.attempt, _json(outcome), *_spec_args(call),
+                              spec.name, *_event_args(result_event(spec, outcome)), self.retention_s)
+            if reply[0] != "respec":
+                return bool(reply[0] == "recorded")
+            spec = CallSpec.from_json(reply[1])
+        raise RuntimeError(f"record.lua kept asking again for {call.call_id!r}: {reply!r}")
 
     def save_checkpoint(self, lease: Lease, checkpoint: str) -> bool:
         return bool(self._run("checkpoint", lease.call_id, lease.token, checkpoint))

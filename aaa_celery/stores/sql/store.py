@@ -34,6 +34,7 @@ from ...lifecycle import (
     FinishResult,
     Lease,
     Outcome,
+    RecordKind,
     Writes,
     joined,
     event_id,
@@ -42,10 +43,11 @@ from ...lifecycle import (
     plan_fenced,
     plan_finish,
     plan_hand_on,
+    plan_record,
     plan_release,
 )
 from .._writes import CallWriter, apply
-from ..base import Store, plan_abandon, recovery_hold
+from ..base import Store, recovery_hold
 from ..budgets import admits, check_spend, window_of
 from ..ops import CallRecord, plan_resolve
 from .queries import (
@@ -301,14 +303,20 @@ class SQLStore(Store):
             conn.execute(hold_recovery(call_id, now + recovery_hold(tries, hold_s, max_hold_s)))
             return tries
 
-    def abandon(self, call: CallSpec, outcome: Outcome) -> bool:
+    def record(self, call: CallSpec, outcome: Outcome, kind: RecordKind = "first") -> bool:
         with self._write() as conn:
             now = self.now()
-            row = self._unheld(conn, call.call_id, now)
-            if row is None or row.attempts != outcome.attempt:
-                return False
-            apply(plan_abandon(call, outcome), _Writer(self.insert, conn, call.call_id, now))
-            return True
+            if kind == "abandon":  # a call recovery knows: never created here
+                row = conn.execute(select_call_for_update(call.call_id)).one_or_none()
+                if row is None:
+                    return False
+                spec = CallSpec(**row.spec)
+            else:
+                row, spec = self._lock_call(conn, call, now)
+            live = kind == "abandon" and row.call_id in self._live([row], now, conn)
+            writes = plan_record(kind, self._state(conn, row, live), spec, outcome)
+            recorded: bool = apply(writes, _Writer(self.insert, conn, call.call_id, now))
+            return recorded
 
     def _unheld(self, conn: Connection, call_id: str, now: float) -> Row[Any] | None:
         """Lock a known call's row and return it if it has no result and no live lease."""
