@@ -30,7 +30,8 @@ def markdown_outside_the_site() -> list[Path]:
     """The repository's Markdown files that mkdocs does not check: all but docs/."""
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "*.md"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout.split()
-    return [ROOT / p for p in listed if not p.startswith("docs/") and (ROOT / p).exists()]
+    return [ROOT / p for p in listed
+            if not p.startswith("docs/") and "site-packages/" not in p and (ROOT / p).exists()]  # not a venv's
 
 
 def broken_links(path: Path) -> list[str]:
