@@ -83,3 +83,12 @@ def test_a_worker_counts_a_takeover_and_an_absorbed_duplicate(redis_url, tmp_pat
     assert total(after, "aaa_store_latency_seconds_count", op="renew", store="redis") >= 3
     assert not [k for k in after if any(v in (first.id, second.id) for _, v in k[1])]  # never a call id
 
+    # The recovery sweep, in the worker's main process, goes through the same metered store:
+    # every sweep is an op="expired" sample, the takeover's republish claim an
+    # op="claim_recovery" one; docs/operations.md names both (it said they were left out).
+    assert total(after, "aaa_store_latency_seconds_count", op="expired", hostname=survivor.hostname) >= 3
+    assert total(after, "aaa_store_latency_seconds_count", op="claim_recovery", hostname=survivor.hostname) >= 1
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    assert 'op="expired"' in doc and 'op="claim_recovery"' in doc
+    assert "its round trips are not in `aaa_store_latency_seconds`" not in doc
+
