@@ -92,3 +92,58 @@ def test_a_worker_counts_a_takeover_and_an_absorbed_duplicate(redis_url, tmp_pat
     assert 'op="expired"' in doc and 'op="claim_recovery"' in doc
     assert "its round trips are not in `aaa_store_latency_seconds`" not in doc
 
+
+
+def test_a_worker_counts_lost_calls_stale_results_and_keeps_a_dead_childs_counts(redis_url, tmp_path):
+    """The rest of docs/operations.md's metric table, on real prefork workers: an at_most_once
+    call whose pool child is kill -9ed (OutcomeUnknown; the dead child's start is still
+    counted), a frozen holder's late result (stale), a poison call (abandoned)."""
+    from aaa_celery import ExecutionAbandoned, OutcomeUnknown
+    from aaa_celery.testing import freeze, kill_child
+
+    env = {"AAA_FLEET_BROKER": redis_url, "AAA_FLEET_TTL": str(TTL)}
+    ports = [free_port(), free_port()]
+    workers = [WorkerProcess("tests.worker.fleet_app", hostname=f"l{n}@metrics", concurrency=2, cwd=ROOT,
+                             env={**env, "AAA_METRICS_PORT": str(port)}, workdir=tmp_path / f"w{n}")
+               for n, port in enumerate(ports)]
+    client, ledger = make_app(env), Ledger(redis_url)
+
+    def holder_of(call):
+        start = wait_for(lambda: ledger.entries(call.id, "start"), 30, f"{call.id} started")[-1]
+        return next(w for w in workers if start["pid"] in w.children() or start["pid"] == w.pid), start["pid"]
+
+    def both(metric: str, **labels: str) -> float:
+        return sum(total(scrape(p), metric, **labels) for p in ports)
+
+    try:
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.wait_ready(60)
+        lost = client.tasks["fleet.long_amo"].delay(4.0)
+        worker, child = holder_of(lost)
+        kill_child(worker, child)
+        with pytest.raises(OutcomeUnknown):
+            lost.get(timeout=30)
+        # the killed child's count of attempt 1 is still served by its worker
+        assert total(scrape(ports[workers.index(worker)]), "aaa_task_attempts_started_total",
+                     name="fleet.long_amo", queue_name="celery") == 1
+        wait_for(lambda: both("aaa_task_outcome_unknown_total", name="fleet.long_amo") == 1, 20, "OutcomeUnknown")
+
+        late = client.tasks["fleet.long_finish"].delay(4.0)
+        worker, _ = holder_of(late)
+        frozen = freeze(worker)
+        try:
+            wait_for(lambda: len(ledger.entries(late.id, "start")) >= 2, 30, "attempt 2")
+        finally:
+            frozen.thaw()
+        assert late.get(timeout=30)["attempt"] == 2
+        wait_for(lambda: both("aaa_task_stale_results_total", name="fleet.long_finish") == 1, 30, "the stale result")
+
+        poison = client.tasks["fleet.poison"].delay()
+        with pytest.raises(ExecutionAbandoned):
+            poison.get(timeout=90)
+        wait_for(lambda: both("aaa_task_abandoned_total", name="fleet.poison") == 1, 20, "ExecutionAbandoned")
+    finally:
+        for w in workers:
+            w.stop()
