@@ -1,9 +1,15 @@
-"""The store interface: the only thing the guard asks of a backend.
+"""The store interfaces, by job: the only things the guard, recovery, operators, policies
+and the engine ask of a backend.
 
-A store makes five things atomic and durable: claiming the lease (with the
-numbered attempt record), renewing it, recording the one result, fencing a
-stale result, and recording a fenced attempt. The decisions themselves live
-in :mod:`aaa_celery.lifecycle`; a store reads a call's state and applies them.
+- :class:`CallStore` (10 verbs): a call's lease, attempts, one result and audit trail.
+- :class:`Checkpoints` (2): what a tool keeps for its call's next attempt.
+- :class:`RecoveryIndex` (3): the calls to bring back, and the right to bring one back.
+- :class:`Operations` (4) and :class:`Budgets` (1): operators' verbs and policy counters.
+- :class:`~.runs.RunRecords` (8) and :class:`~.runs.RunJournal` (6): agent runs.
+
+:class:`Store` is all of them, with a clock. The decisions live in
+:mod:`aaa_celery.lifecycle`; a store reads a call's state and applies them atomically.
+Each interface has its own conformance suite (``tests/stores/test_interfaces.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from ..lifecycle import (
     Outcome,
     RecordKind,
 )
-from .runs import RunRecords
+from .runs import RunJournal, RunRecords
 
 if TYPE_CHECKING:
     from .ops import CallRecord
@@ -45,8 +51,9 @@ def recovery_hold(tries: int, hold_s: float, max_hold_s: float | None) -> float:
     return float(min(longest, hold_s * 2 ** (tries - 1)))
 
 
-class Store(RunRecords, abc.ABC):
-    """Lease and attempt log of tool calls, and the records of agent runs (:mod:`.runs`).
+class CallStore(abc.ABC):
+    """A call's lease, attempts, result and audit trail: the guard's own verbs (the hot
+    path is ``begin`` then ``finish``). Every write is planned by :mod:`aaa_celery.lifecycle`.
 
     ``worker`` arguments are free-form holder names (``hostname/pid``). Times are
     seconds; a store may use its server's clock. ``expires_at`` values are only
@@ -57,6 +64,13 @@ class Store(RunRecords, abc.ABC):
     kind: str = "store"
     #: Whether a lease lapses after its TTL (False: bound to a live session).
     ttl_leases: bool = True
+
+    @abc.abstractmethod
+    def register(self, call: CallSpec) -> None:
+        """Remember a call at publish time, so recovery finds it even if the broker loses it.
+
+        Registering a call that is already known changes nothing.
+        """
 
     @abc.abstractmethod
     def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
@@ -103,6 +117,17 @@ class Store(RunRecords, abc.ABC):
         call after that attempt names it (``lifecycle.CallState.lost_cause``)."""
 
     @abc.abstractmethod
+    def record(self, call: CallSpec, outcome: Outcome, kind: RecordKind = "first") -> bool:
+        """Record ``outcome`` as the call's one result from outside an attempt, with its
+        result event, atomically, if :func:`~aaa_celery.lifecycle.plan_record` allows it for
+        ``kind`` (``first``: the call has no result; ``fenced``: nor an attempt later than
+        ``outcome.attempt``; ``abandon``: a known call, no live lease, exactly
+        ``outcome.attempt`` attempts). The result frees the call's lease, whoever holds it.
+        ``call`` is registered first (``first`` and ``fenced``; as :meth:`register`), so its
+        events carry its name. True if recorded; False, writing no outcome, if not.
+        """
+
+    @abc.abstractmethod
     def events(self, call_id: str) -> list[Event]:
         """The call's audit trail, oldest first."""
 
@@ -110,12 +135,23 @@ class Store(RunRecords, abc.ABC):
     def result(self, call_id: str) -> Outcome | None:
         """The call's recorded result, if it has one."""
 
-    @abc.abstractmethod
-    def register(self, call: CallSpec) -> None:
-        """Remember a call at publish time, so recovery finds it even if the broker loses it.
 
-        Registering a call that is already known changes nothing.
-        """
+class Checkpoints(abc.ABC):
+    """What a tool saves for the next attempt of its call (``ctx.checkpoint``)."""
+
+    @abc.abstractmethod
+    def save_checkpoint(self, lease: Lease, checkpoint: str) -> bool:
+        """Keep ``checkpoint`` (``lifecycle.checkpoint_json``) as the call's last checkpoint
+        if ``lease`` still holds the call; True if kept. It outlives the attempt, for the
+        next one to read, and is dropped with the call's record."""
+
+    @abc.abstractmethod
+    def last_checkpoint(self, call_id: str) -> Checkpoint | None:
+        """The call's last checkpoint, if any attempt saved one."""
+
+
+class RecoveryIndex(abc.ABC):
+    """The calls to bring back, and the right to bring each back once (the recovery sweep)."""
 
     @abc.abstractmethod
     def expired(self, now: float | None = None, unclaimed_grace_s: float = 60.0) -> list[CallSpec]:
@@ -135,37 +171,15 @@ class Store(RunRecords, abc.ABC):
         """
 
     @abc.abstractmethod
-    def record(self, call: CallSpec, outcome: Outcome, kind: RecordKind = "first") -> bool:
-        """Record ``outcome`` as the call's one result from outside an attempt, with its
-        result event, atomically, if :func:`~aaa_celery.lifecycle.plan_record` allows it for
-        ``kind`` (``first``: the call has no result; ``fenced``: nor an attempt later than
-        ``outcome.attempt``; ``abandon``: a known call, no live lease, exactly
-        ``outcome.attempt`` attempts). The result frees the call's lease, whoever holds it.
-        ``call`` is registered first (``first`` and ``fenced``; as :meth:`register`), so its
-        events carry its name. True if recorded; False, writing no outcome, if not.
-        """
-
     def abandon(self, call: CallSpec, outcome: Outcome) -> bool:
-        """Record ``outcome`` (a failure) as the result of a call that recovery gives up on:
-        :meth:`record` as ``abandon`` (only if the call is known, has no result and no live
-        lease, and has exactly ``outcome.attempt`` attempts); True if recorded."""
-        return self.record(call, outcome, "abandon")
+        """Record ``outcome`` (a failure) as the result of a call that recovery gives up on,
+        only if the call is known, has no result and no live lease, and has exactly
+        ``outcome.attempt`` attempts; True if recorded (a store: ``record(..., "abandon")``)."""
 
-    @abc.abstractmethod
-    def save_checkpoint(self, lease: Lease, checkpoint: str) -> bool:
-        """Keep ``checkpoint`` (``lifecycle.checkpoint_json``) as the call's last checkpoint
-        if ``lease`` still holds the call; True if kept. It outlives the attempt, for the
-        next one to read, and is dropped with the call's record."""
 
-    @abc.abstractmethod
-    def last_checkpoint(self, call_id: str) -> Checkpoint | None:
-        """The call's last checkpoint, if any attempt saved one."""
-
-    @abc.abstractmethod
-    def now(self) -> float:
-        """The store's clock, in seconds."""
-
-    # -- Operators' verbs (aaa_celery.stores.ops; the `celery aaa` commands) -------------
+class Operations:
+    """The operators' verbs (:mod:`.ops`; the ``celery aaa`` commands), and the
+    reconciliation's compare-and-set. Optional: a store without them refuses each."""
 
     def calls(self, since: float | None = None, until: float | None = None) -> Iterator[CallRecord]:
         """The calls first seen between ``since`` and ``until`` (store clock, None: open),
@@ -191,7 +205,10 @@ class Store(RunRecords, abc.ABC):
         many. Calls without a result are kept."""
         raise NotImplementedError(f"{type(self).__name__} cannot purge calls")
 
-    # -- Budgets (aaa_celery.stores.budgets; GuardPolicy's Budget and RateLimit rules) ------
+
+class Budgets:
+    """Counters for ``GuardPolicy``'s ``Budget`` and ``RateLimit`` rules (:mod:`.budgets`).
+    Optional: a store without them refuses each spend."""
 
     def spend(self, key: str, token: str, amount: float, limit: float, window_s: float) -> bool:
         """Atomically count ``amount`` against budget ``key`` in the current window of
@@ -202,6 +219,22 @@ class Store(RunRecords, abc.ABC):
         Raises ``ValueError`` for a negative or non-finite amount or limit.
         """
         raise NotImplementedError(f"{type(self).__name__} keeps no budgets")
+
+
+class Store(CallStore, Checkpoints, RecoveryIndex, Operations, Budgets, RunRecords, RunJournal):
+    """A backend: every interface above, the records of agent runs (:mod:`.runs`), its
+    clock and its connections. Each interface has its own conformance suite in
+    ``tests/stores`` (``tests/stores/test_interfaces.py`` names them)."""
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The store's clock, in seconds."""
+
+    def abandon(self, call: CallSpec, outcome: Outcome) -> bool:
+        """Record ``outcome`` (a failure) as the result of a call that recovery gives up on:
+        :meth:`record` as ``abandon`` (only if the call is known, has no result and no live
+        lease, and has exactly ``outcome.attempt`` attempts); True if recorded."""
+        return self.record(call, outcome, "abandon")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Free connections."""

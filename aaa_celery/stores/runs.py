@@ -121,7 +121,8 @@ def dumps(data: Any) -> str:
 
 
 class RunRecords:
-    """The run-record part of the store interface (see the module's docstring)."""
+    """A store's run records: each run's record, its indexes (tenant, time, active) and
+    its lease (see the module's docstring). Its trail is :class:`RunJournal`'s."""
 
     def put_run(self, record: RunRecord) -> None:
         """Write a run's record (create or replace), and keep its indexes (tenant, time,
@@ -144,6 +145,29 @@ class RunRecords:
     def find_runs(self, run_id: str) -> list[RunRecord]:
         """Every tenant's run with this run id (an operator's lookup by id alone)."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run records")
+
+    def lease_run(self, key: str, holder: str, ttl_s: float) -> bool:
+        """Take the run's lease for ``ttl_s`` seconds, or renew it: True if ``holder`` holds
+        it now (it was free, it lapsed, or ``holder`` held it); False if another holds it."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no run records")
+
+    def release_run(self, key: str, holder: str) -> None:
+        """Give the run's lease back, if ``holder`` holds it."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no run records")
+
+    def forget_run(self, key: str) -> None:
+        """Delete a run's record, events, turns and decisions (its calls stay)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no run records")
+
+    def purge_runs(self, before: float) -> int:
+        """Delete the finished runs last written before ``before`` (``time.time()``);
+        returns how many."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no run records")
+
+
+class RunJournal:
+    """What a run keeps as it goes, by its key: its events, the model's answers turn by turn,
+    and the decisions on its requests for approval (each written once)."""
 
     def append_run_events(self, key: str, events: Sequence[dict[str, Any]]) -> None:
         """Append events (each with its ``seq``, 1, 2, ...): an event is kept only if its
@@ -171,23 +195,5 @@ class RunRecords:
         """The decision recorded on the request ``digest``, if any."""
         raise NotImplementedError(f"{type(self).__name__} keeps no run records")
 
-    def lease_run(self, key: str, holder: str, ttl_s: float) -> bool:
-        """Take the run's lease for ``ttl_s`` seconds, or renew it: True if ``holder`` holds
-        it now (it was free, it lapsed, or ``holder`` held it); False if another holds it."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no run records")
 
-    def release_run(self, key: str, holder: str) -> None:
-        """Give the run's lease back, if ``holder`` holds it."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no run records")
-
-    def forget_run(self, key: str) -> None:
-        """Delete a run's record, events, turns and decisions (its calls stay)."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no run records")
-
-    def purge_runs(self, before: float) -> int:
-        """Delete the finished runs last written before ``before`` (``time.time()``);
-        returns how many."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no run records")
-
-
-__all__ = ["ACTIVE", "FINISHED", "RunRecord", "RunRecords", "run_key", "tenant_key"]
+__all__ = ["ACTIVE", "FINISHED", "RunJournal", "RunRecord", "RunRecords", "run_key", "tenant_key"]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .runs import FINISHED, RunRecord, RunRecords
+from .runs import FINISHED, RunJournal, RunRecord, RunRecords
 
 #: How many finished runs a memory store keeps by default.
 DEFAULT_RUN_RETENTION = 1000
@@ -30,7 +30,7 @@ class _Run:
     lease_until: float = 0.0
 
 
-class MemoryRuns(RunRecords):
+class MemoryRuns(RunRecords, RunJournal):
     """The run-record operations of :class:`~aaa_celery.stores.memory.MemoryStore`."""
 
     _lock: threading.RLock

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..base import wrap_errors
-from ..runs import FINISHED, RunRecord, RunRecords, dumps, tenant_key
+from ..runs import FINISHED, RunJournal, RunRecord, RunRecords, dumps, tenant_key
 from .client import ERRORS, lua
 
 _PAGE = 200
@@ -47,7 +47,7 @@ class _Newest:
         return self.entry > other.entry
 
 
-class RedisRuns(RunRecords):
+class RedisRuns(RunRecords, RunJournal):
     """The run-record operations of :class:`~aaa_celery.stores.redis.RedisStore`."""
 
     key_prefix: str

@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..runs import ACTIVE, FINISHED, RunRecord, RunRecords, tenant_key
+from ..runs import ACTIVE, FINISHED, RunJournal, RunRecord, RunRecords, tenant_key
 from .schema import run_decisions, run_events, run_turns, runs
 
 _RUN_TABLES = (run_events, run_turns, run_decisions, runs)
@@ -19,7 +19,7 @@ _RUN_TABLES = (run_events, run_turns, run_decisions, runs)
 _PURGE_PAGE = 500
 
 
-class SQLRuns(RunRecords):
+class SQLRuns(RunRecords, RunJournal):
     """The run-record operations of the SQL stores."""
 
     insert: Callable[[sa.Table], Any]
