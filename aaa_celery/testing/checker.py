@@ -26,7 +26,9 @@
 * **I6** For calls whose tool passes ``ctx.idempotency_key`` to the ledger's effect
   table, a completed call's effect is applied exactly once.
 * **I7** A completed call's recorded result equals the value that the attempt
-  which wrote it returned (the ledger's ``end`` entry of that attempt).
+  which wrote it returned (the ledger's ``end`` entry of that attempt). A call an
+  operator resolved (``aaa.tool.resolved``) has the operator's result instead: I1 and I7
+  take it as given.
 
 Some faults are outside the guarantee (docs/guarantees.md says so): a Redis failover without
 AOF can lose a write that the old primary acknowledged. :func:`excuse` moves the
@@ -49,7 +51,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from ..lifecycle import COMPLETED, FAILED, FENCED, STALE_RESULT, STARTED, Event, Outcome
+from ..lifecycle import COMPLETED, FAILED, FENCED, RESOLVED, STALE_RESULT, STARTED, Event, Outcome
 from .ledger import EFFECT, END, START, BaseEffectLedger
 
 INVARIANTS = ("I1", "I2", "I3", "I4", "I5", "I6", "I7")
@@ -273,6 +275,10 @@ def _check_guarded(call: Call, store: AuditTrail, execs: list[Execution], effect
     results = [e for e in events if e.type in (COMPLETED, FAILED)]
     starts = [e for e in events if e.type == STARTED]
 
+    # an operator's verdict (``celery aaa resolve``) replaced an in-doubt failure: the result
+    # is theirs, so no attempt returned it and the trail's failure is what it replaced
+    resolved = any(e.type == RESOLVED for e in events)
+
     # I1: exactly one result
     if result is None and not results:
         v.append(Violation("I1", cid, f"no result (lost): {len(starts)} attempt(s), {len(execs)} body run(s)"))
@@ -280,7 +286,7 @@ def _check_guarded(call: Call, store: AuditTrail, execs: list[Execution], effect
         v.append(Violation("I1", cid, f"{len(results)} results recorded: {[e.type for e in results]}"))
     elif result is None or not results:
         v.append(Violation("I1", cid, "the result and the audit trail disagree (one has no result)"))
-    elif result.ok != (results[0].type == COMPLETED):
+    elif result.ok != (results[0].type == COMPLETED) and not resolved:
         v.append(Violation("I1", cid, f"recorded result ok={result.ok} but the trail says {results[0].type}"))
     if results:
         first = events.index(results[0])
@@ -341,8 +347,8 @@ def _check_guarded(call: Call, store: AuditTrail, execs: list[Execution], effect
     completed = result is not None and result.ok
     v += _effects_once(call, effects, completed)
 
-    # I7: the recorded value is what the writing attempt returned
-    if completed and result is not None:
+    # I7: the recorded value is what the writing attempt returned (or the operator gave)
+    if completed and result is not None and not resolved:
         ends = [x for x in execs if x.ended and x.attempt == result.attempt]
         if not ends:
             v.append(Violation("I7", cid, f"completed by attempt {result.attempt}, but no body of that attempt returned"))

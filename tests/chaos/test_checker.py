@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from aaa_celery.lifecycle import COMPLETED, FAILED, FENCED, STALE_RESULT, STARTED, Event, Outcome, event_id
+from aaa_celery.lifecycle import COMPLETED, FAILED, FENCED, RESOLVED, STALE_RESULT, STARTED, Event, Outcome, event_id
 from aaa_celery.testing.checker import Call, RecordedStore, check_history, summarize
 from aaa_celery.testing.ledger import MemoryEffectLedger
 
@@ -421,3 +421,26 @@ def test_excuse_counts_violations_of_calls_a_fault_outside_the_guarantee_touched
     assert kept == [other]
     assert exceptions == [DocumentedException(lost, "store_failover: a write to the old primary can be lost")]
     assert "documented exception" in str(exceptions[0])
+
+
+@pytest.mark.parametrize("verdict", ["completed", "failed"])
+def test_a_call_an_operator_resolved_has_the_operators_result_and_no_violation(verdict):
+    """kill -9 of an at_most_once holder, OutcomeUnknown, then ``celery aaa resolve``: the result
+    is the operator's verdict (no attempt returned it), and the trail says so."""
+    h = History()
+    cid = h.call("resolved", delivery="at_most_once")
+    h.lost(cid, 1, 0.0)
+    h.ev(cid, FAILED, 1, 3.0, error="OutcomeUnknown")
+    h.ev(cid, RESOLVED, 1, 9.0, **{"as": verdict, "by": "ops@host"})
+    ok = verdict == "completed"
+    h.results[cid] = Outcome.success({"refund": "re_1"}, 1) if ok else Outcome.failure("ToolError", "no refund", 1)
+    assert h.check() == []
+
+
+def test_a_result_that_no_attempt_returned_and_no_operator_gave_is_still_i7():
+    h = History()
+    cid = h.call("forged", delivery="at_most_once")
+    h.lost(cid, 1, 0.0)
+    h.ev(cid, COMPLETED, 1, 3.0)
+    h.results[cid] = Outcome.success({"refund": "re_1"}, 1)
+    assert invariants(h.check()) == ["I7"]

@@ -21,7 +21,7 @@ from celery.result import AsyncResult
 from aaa_celery import OutcomeUnknown, ToolError
 from aaa_celery.lifecycle import FAILED, STARTED
 from aaa_celery.runtime.executor import ToolExecutor
-from aaa_celery.stores.ops import RESOLVED
+from aaa_celery.lifecycle import RESOLVED
 from aaa_celery.testing import kill_child, wait_for
 
 from .conftest import APP, ROOT
