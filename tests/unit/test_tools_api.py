@@ -58,6 +58,25 @@ def test_public_names_of_aaa_celery_runtime_and_testing_are_frozen():
     )
 
 
+def test_public_names_and_signatures_of_the_effects_api_are_frozen():
+    # issue 24: effects applied once in the app's own database transaction
+    import aaa_celery.contrib.django.effects as django_effects
+    import aaa_celery.effects as effects
+    from aaa_celery.fencing import StaleFence
+
+    assert sorted(effects.__all__) == ["EffectLog", "StaleFence", "once"]
+    assert effects.StaleFence is StaleFence
+    assert list(inspect.signature(effects.once).parameters) == ["db", "ctx", "fn"]
+    assert list(inspect.signature(effects.EffectLog.once).parameters) == ["self", "db", "ctx", "fn"]
+    log = inspect.signature(effects.EffectLog).parameters
+    assert {k: p.default for k, p in log.items()} == {
+        "metadata": None, "table": "aaa_effects", "fences_table": "aaa_effect_fences"}
+    assert django_effects.__all__ == ["once"]
+    params = inspect.signature(django_effects.once).parameters
+    assert list(params) == ["ctx", "fn", "using"]
+    assert params["using"].kind is inspect.Parameter.KEYWORD_ONLY and params["using"].default is None
+
+
 @pytest.mark.parametrize("module", ["aaa_celery", "aaa_celery.tools", "aaa_celery.runtime", "aaa_celery.testing"])
 def test_dir_of_a_public_package_shows_only_its_public_names(module):
     # issue 19: dir(aaa_celery) showed typing's Any and TYPE_CHECKING and every submodule
