@@ -36,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--aaa-redis-url", dest="aaa_redis_url", default=None,
                     help=f"a Redis the tests may flush (default: ${REDIS_ENV}, else a throwaway redis-server)")
     parser.addini("aaa_app", "your Celery app, as celery -A takes it (proj.celery, proj:app)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Generator[None, Any, None]:
+    """Keep the call phase's report on the items that use a fleet (its logs go with a failure)."""
+    outcome = yield
+    if call.when == "call" and "aaa_fleet" in getattr(item, "fixturenames", ()):
+        item.stash[_CALL_REPORT] = outcome.get_result()
+
+
+_CALL_REPORT = pytest.StashKey[Any]()
 
 
 # -- the calls a test sent ----------------------------------------------------------------
@@ -284,7 +295,7 @@ class FleetStarter:
 
 @pytest.fixture
 def aaa_fleet(aaa_app_module: str, aaa_app: Any, aaa_redis_url: str, aaa_sent: SentCalls, tmp_path: Path,
-              monkeypatch: pytest.MonkeyPatch) -> Iterator[FleetStarter]:
+              monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[FleetStarter]:
     from ..stores import open_store
 
     _flush(aaa_redis_url)
@@ -298,6 +309,10 @@ def aaa_fleet(aaa_app_module: str, aaa_app: Any, aaa_redis_url: str, aaa_sent: S
     try:
         yield starter
     finally:
+        report = request.node.stash.get(_CALL_REPORT, None)
+        if report is not None and report.failed:  # the workers' logs, beside the failure
+            for fleet in starter.started:
+                print(fleet.logs())
         starter.stop()
         with contextlib.suppress(Exception):
             starter.store.close()

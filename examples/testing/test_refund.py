@@ -42,6 +42,21 @@ def test_at_most_once_refund_under_kill_9_is_never_run_twice(aaa_fleet, aaa_chec
     aaa_check()
 
 
+def test_a_frozen_holder_s_late_refund_is_applied_once(aaa_fleet, aaa_check):
+    fleet = aaa_fleet(size=2)
+    call = refund.delay("A-250", 40)
+    fleet.wait_started(call)
+    frozen = fleet.freeze_holder(call)  # SIGSTOP: a GC pause, a VM freeze
+    try:
+        fleet.wait_started(call, attempt=2)   # its lease lapsed: another worker took over
+    finally:
+        frozen.thaw()                   # attempt 1 wakes up: fenced, or its late refund deduped by key
+    assert call.get(timeout=60)["order_id"] == "A-250"
+    assert fleet.store.result(call.id).attempt == 2
+    assert len([r for r in refunds("A-250") if r["applied"]]) == 1
+    aaa_check(keyed=True)
+
+
 def test_a_duplicate_delivery_runs_the_refund_once(aaa_fleet, aaa_check):
     fleet = aaa_fleet(size=2)
     call = refund.delay("A-300", 10)

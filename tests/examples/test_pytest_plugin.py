@@ -2,7 +2,8 @@
 process of its own with ``-p aaa_celery.testing.pytest_plugin``.
 
 * The worked example of docs/testing-your-tools.md, examples/testing/test_refund.py: a
-  refund tool under kill -9 (whole worker, pool child), a duplicate delivery, eager mode;
+  refund tool under kill -9 (whole worker, pool child), a frozen holder, a duplicate
+  delivery, eager mode;
   real workers on the session Redis.
 * The checker (in eager mode) fails a test whose tool breaks an invariant, naming it.
 * Loaded without an app, the plugin changes nothing for a suite that uses none of its
@@ -38,7 +39,7 @@ def test_the_worked_example_passes_on_real_workers(redis_server):
     done = run_pytest("--aaa-app", "examples.testing.refund_app", "examples/testing", "-q",
                       redis_url=redis_server.url)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert "4 passed" in done.stdout, done.stdout[-3000:]
+    assert "5 passed" in done.stdout, done.stdout[-3000:]
 
 
 BROKEN_APP = '''
