@@ -30,11 +30,19 @@ if str(ROOT) not in sys.path:
 from tests.servers import PostgresServer, RedisServer, libpq_url  # noqa: E402
 
 __all__ = [
-    "PostgresServer", "RedisServer", "ROOT", "Worker", "commandstats", "cpu_seconds",
+    "DurablePostgres", "PostgresServer", "RedisServer", "ROOT", "Worker", "commandstats", "cpu_seconds",
     "libpq_url", "machine", "pct", "spread", "table", "write_json",
 ]
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class DurablePostgres(PostgresServer):
+    """The tests' throwaway PostgreSQL with the server's default durability (``fsync``,
+    ``synchronous_commit`` and ``full_page_writes`` on): every commit waits for its WAL
+    flush, as in production."""
+
+    settings = {"max_connections": "300"}
 
 
 # -- numbers ----------------------------------------------------------------------------

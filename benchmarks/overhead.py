@@ -18,11 +18,16 @@ Method, per variant and round (interleaved A B C A B C ..., for each pool):
    store server's own CPU (``INFO cpu``): on a machine whose cores are all busy, the
    guard's cost is the worker's added CPU plus the store server's.
 
-The store is a second ``redis-server``, so its commands are the guard's alone.
+The store is a second ``redis-server``, so its commands are the guard's alone. With
+``--store postgresql`` it is a throwaway PostgreSQL with the server's default durability
+(``fsync`` on); its columns then count server transactions (``pg_stat_database``: each
+autocommitted statement is one) instead of Redis commands, and its CPU is that of the
+server's processes.
 
     python benchmarks/overhead.py                    # 5000 calls, 3 rounds, both pools
     python benchmarks/overhead.py --quick            # < 30 s smoke run
     python benchmarks/overhead.py --store memory://  # diagnostic: the guard without store round trips
+    python benchmarks/overhead.py --store postgresql # the guard on a durable PostgreSQL store
 """
 
 from __future__ import annotations
@@ -42,8 +47,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import (  # noqa: E402
     parser,
+    DurablePostgres,
     Worker,
     commandstats,
+    cpu_seconds,
+    libpq_url,
     delta,
     redis_server,
     server_cpu,
@@ -69,6 +77,26 @@ def round_trips(stats: dict[str, int]) -> int:
     """Client round trips to the store: scripts, plus commands that never run in a script."""
     return sum(n for cmd, n in stats.items()
                if cmd in ("evalsha", "eval", "script|load") or (cmd not in IN_SCRIPT and cmd not in NOT_COUNTED))
+
+
+class PostgresStats:
+    """A PostgreSQL store server read like the Redis one (``info``): its processes' CPU, and
+    its transactions so far as the one "command"."""
+
+    def __init__(self, server: DurablePostgres) -> None:
+        self.server = server
+
+    def info(self, section: str) -> dict[str, Any]:
+        import psycopg
+
+        if section == "cpu":
+            pid = self.server.pid()
+            return {"used_cpu_user": cpu_seconds(pid) if pid else 0.0, "used_cpu_sys": 0.0}
+        with psycopg.connect(libpq_url(self.server.url), autocommit=True) as con:
+            con.execute("SELECT pg_stat_force_next_flush()")
+            xacts = con.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database"
+                                " WHERE datname = current_database()").fetchone()[0]
+        return {"cmdstat_xact": {"calls": int(xacts) - 1}}  # less this read's own
 
 
 def publish(app: Any, variant: str, n: int, tag: str) -> float:
@@ -122,7 +150,8 @@ def one_round(app: Any, worker: Worker, variant: str, n: int, tag: str, broker: 
     }
 
 
-def run_pool(pool: str, args: argparse.Namespace, env: dict[str, str], logdir: Path) -> list[dict[str, Any]]:
+def run_pool(pool: str, args: argparse.Namespace, env: dict[str, str], logdir: Path,
+             store_stats: PostgresStats | None = None) -> list[dict[str, Any]]:
     import redis
 
     from benchmarks import bench_app
@@ -131,7 +160,7 @@ def run_pool(pool: str, args: argparse.Namespace, env: dict[str, str], logdir: P
     app = bench_app.app
     broker = redis.Redis.from_url(env["BENCH_BROKER"])
     results = redis.Redis.from_url(env["BENCH_BACKEND"])
-    store = redis.Redis.from_url(env["BENCH_STORE_SERVER"])
+    store = store_stats or redis.Redis.from_url(env["BENCH_STORE_SERVER"])
     with ExitStack() as stack:
         worker = Worker(env, kind, conc, queues=QUEUE, name=pool, log=logdir / f"worker-{pool}.log")
         stack.callback(worker.stop)
@@ -212,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=300, help="max seconds per drain (default %(default)s)")
     ap.add_argument("--store", default="", help="the guard's store URL instead of the second redis-server; "
                     "memory:// (one store per process, no fleet-wide guarantee) shows what the guard costs "
-                    "without its store round trips")
+                    "without its store round trips; postgresql starts a durable PostgreSQL for it")
     args = ap.parse_args(argv)
     if args.quick:
         args.calls, args.rounds, args.pools = 300, 1, "prefork"
@@ -223,12 +252,17 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack:
         broker_srv = stack.enter_context(redis_server(appendonly=False))
         store_srv = stack.enter_context(redis_server())
+        store_stats = None
+        if args.store == "postgresql":
+            pg = DurablePostgres.start()
+            stack.callback(pg.stop)
+            store_stats, args.store = PostgresStats(pg), pg.url
         env = {"BENCH_BROKER": broker_srv.url, "BENCH_BACKEND": broker_srv.url[:-1] + "1",
                "BENCH_STORE": args.store or store_srv.url, "BENCH_STORE_SERVER": store_srv.url,
                "BENCH_QUEUE": QUEUE}
         os.environ.update(env)  # before bench_app is imported: it reads them
         for pool in pools:
-            rows += run_pool(pool, args, env, logdir)
+            rows += run_pool(pool, args, env, logdir, store_stats)
     summary = summarize(rows, pools, args.variants)
     text = report(summary)
     print()

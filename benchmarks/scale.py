@@ -12,9 +12,11 @@ per leased call (Redis ``used_memory`` delta; PostgreSQL: PSS of the server's
 processes), and the heartbeat cost per running call per second (one ``renew``
 every ``heartbeat_s``; the server CPU is measured over the renewals).
 
-PostgreSQL holds each lease as a session advisory lock on a connection dedicated
-to it, so N leases need N server backends: sizes above ``max_connections`` are
-reported as not feasible, with the reason, instead of being run.
+PostgreSQL holds each lease as a session advisory lock on the store's one lease
+session, so N leases need one server backend but N slots of the server's lock table
+(``max_locks_per_transaction`` × ``max_connections``): sizes above that are reported
+as not feasible, with the reason, instead of being run. The PostgreSQL server keeps
+its default durability (``fsync`` on: each commit waits for its WAL flush).
 
     python benchmarks/scale.py                 # Redis 1k/10k/100k, PostgreSQL up to 1k
     python benchmarks/scale.py --quick         # < 30 s: Redis 1k, PostgreSQL 100
@@ -33,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import (  # noqa: E402
     parser,
+    DurablePostgres,
     PostgresServer,
     children,
     libpq_url,
@@ -212,18 +215,16 @@ def measure(store: Store, probe: Any, n: int, k: int, label: str) -> dict[str, A
     }
 
 
-class BigPostgres(PostgresServer):
-    """The tests' PostgreSQL with a larger ``max_connections`` (one backend per lease)."""
+class BigPostgres(DurablePostgres):
+    """The benchmark's durable PostgreSQL with a lock table for many leases."""
 
-    max_connections = 1300
+    max_connections = 300
+    max_locks_per_transaction = 512
 
-    def _spawn(self) -> None:
-        opts = (f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 "
-                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-                f"-c max_connections={self.max_connections}")
-        log = str(self.workdir / "postgres.log")
-        self._run([self._pg_ctl, "-D", str(self.datadir), "-o", opts, "-l", log,
-                   "-w", "-t", "60", "start"], timeout_s=90)
+    @property
+    def settings(self) -> dict[str, str]:  # type: ignore[override]
+        return {"max_connections": str(self.max_connections),
+                "max_locks_per_transaction": str(self.max_locks_per_transaction)}
 
 
 def run_redis(sizes: list[int], k: int) -> list[dict[str, Any]]:
@@ -245,8 +246,8 @@ def run_postgres(sizes: list[int], k: int, max_connections: int) -> list[dict[st
     from aaa_celery.stores.sql.postgres import PostgresStore
 
     BigPostgres.max_connections = max_connections
-    headroom = k + 20  # the probe's own leases, the pool, the sweep, our reset connection
-    capacity = max_connections - headroom
+    headroom = k + 1000  # the probe's own leases, and locks others take
+    capacity = BigPostgres.max_locks_per_transaction * max_connections - headroom
     rows = []
     server = BigPostgres.start()
     try:
@@ -255,10 +256,10 @@ def run_postgres(sizes: list[int], k: int, max_connections: int) -> list[dict[st
         for n in sizes:
             if n > capacity:
                 rows.append({"store": "postgresql", "requested": n, "held": None, "note": (
-                    f"not feasible: one lease = one dedicated server session (advisory lock), so {n:,} "
-                    f"leases need {n:,} backends; this server allows max_connections={max_connections} "
-                    f"({capacity} after the probe's {k} and headroom). Each backend is a process "
-                    "(~2-10 MB)."
+                    f"not feasible: one lease = one advisory lock, so {n:,} leases need {n:,} slots "
+                    f"of the lock table; this server has max_locks_per_transaction="
+                    f"{BigPostgres.max_locks_per_transaction} x max_connections={max_connections} "
+                    f"({capacity:,} after the probe's {k} and headroom)."
                 )})
                 continue
             print(f"  postgresql: {n:,} held ...", flush=True)
@@ -328,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="PostgreSQL sizes; those above max_connections are reported as not feasible")
     ap.add_argument("--probe", type=int, default=1000, help="operations timed per size for Redis (default %(default)s)")
     ap.add_argument("--pg-probe", type=int, default=100, help="operations timed per size for PostgreSQL")
-    ap.add_argument("--pg-max-connections", type=int, default=1300,
+    ap.add_argument("--pg-max-connections", type=int, default=300,
                     help="max_connections of the benchmark's PostgreSQL (default %(default)s)")
     ap.add_argument("--stores", default="redis,postgresql", help="which stores (default %(default)s)")
     args = ap.parse_args(argv)

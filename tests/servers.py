@@ -268,10 +268,14 @@ class PostgresServer(_Server):
             raise
         return server._launch()
 
+    #: Server settings (``-c name=value``). The tests trade durability for speed; a
+    #: benchmark's server keeps PostgreSQL's defaults (``benchmarks/_common.DurablePostgres``).
+    settings: dict[str, str] = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off",
+                                "max_connections": "300"}
+
     def _spawn(self) -> None:
         opts = (f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 "
-                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-                "-c max_connections=300")
+                + " ".join(f"-c {name}={value}" for name, value in self.settings.items()))
         log = str(self.workdir / "postgres.log")
         self._run([self._pg_ctl, "-D", str(self.datadir), "-o", opts, "-l", log,
                    "-w", "-t", "60", "start"], timeout_s=90)

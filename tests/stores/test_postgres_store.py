@@ -281,3 +281,90 @@ def test_a_call_whose_id_is_the_schema_lock_s_name_never_blocks_opening_the_stor
     opener.start()
     opener.join(20)  # opening needs milliseconds; the margin is for a loaded machine
     assert opened, "opening a store waited for the call's lease"
+
+
+# -- Cost per operation (issue 23): statements, transactions, server sessions ------------
+
+
+def _statements(store: PostgresStore) -> list[str]:
+    """Every statement the store sends from now on, as its first words (BEGIN and COMMIT,
+    which the driver sends itself, are counted apart by :func:`_transactions`)."""
+    sent: list[str] = []
+    sa.event.listen(store.engine, "before_cursor_execute",
+                    lambda conn, cur, statement, *rest: sent.append(" ".join(statement.split()[:3])))
+    return sent
+
+
+def _transactions(store: PostgresStore) -> list[int]:
+    """The transactions the store opens (an autocommit connection's statements commit alone)."""
+    begun: list[int] = []
+
+    def _begin(conn: sa.Connection) -> None:
+        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+            begun.append(1)
+
+    sa.event.listen(store.engine, "begin", _begin)
+    return begun
+
+
+def test_register_begin_and_finish_each_take_one_transaction_and_few_statements(stores):
+    # Reproduces the cost issue 23 measured: register 2 statements in a transaction, begin 6 in
+    # two transactions, finish 8 in two, each transaction a BEGIN and a COMMIT round trip more.
+    store, call, cfg = stores(), new_call(), GuardConfig()
+    # not counted: the database's clock, read once in a while, and opening the lease session
+    store.finish(claim(store, new_call(), "A", cfg).lease, Outcome.success(0), cfg)
+    sent, begun = _statements(store), _transactions(store)
+    store.register(call)
+    assert (len(sent), len(begun)) == (1, 0), sent  # one autocommitted insert
+    sent.clear()
+    lease = claim(store, call, "A", cfg).lease
+    # the lock on the lease session, then one transaction: the row with its result, the claim, the event
+    assert (len(sent), len(begun)) == (4, 1), sent
+    sent.clear(), begun.clear()
+    assert store.renew(lease) is True
+    assert (len(sent), len(begun)) == (1, 0), sent
+    sent.clear()
+    assert isinstance(store.finish(lease, Outcome.success(1), cfg), Accepted)
+    # one transaction (the row with its result, the result, the lease cleared, the event), then the unlock
+    assert (len(sent), len(begun)) == (5, 1), sent
+
+
+def test_the_leases_of_a_process_share_one_server_session(stores, postgres_url):
+    # Reproduces the scale limit of issue 23: one backend (and a connection opened) per lease.
+    store, cfg = stores(), GuardConfig()
+    leases = [claim(store, new_call(), "A", cfg).lease for _ in range(20)]
+    pids = {store.lease_backend_pid(lease) for lease in leases}
+    assert len(pids) == 1, pids
+    with store.engine.connect() as conn:
+        sessions = conn.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'aaa_celery'")).scalar_one()
+    assert sessions <= 1 + 5, sessions  # the lease session and the pool (pool_size 5), not 20
+    for lease in leases:
+        assert store.renew(lease) is True
+        store.finish(lease, Outcome.success(None), cfg)
+        assert advisory_locks_on(store, lease.call_id) == 0
+
+
+def test_a_second_delivery_of_a_running_call_in_the_same_process_is_busy(stores):
+    # Advisory locks are re-entrant within a session: the lease session must not grant a
+    # running call's lock again to a second delivery in the same process.
+    store, call, cfg = stores(), new_call(), GuardConfig(delivery=Delivery.AT_LEAST_ONCE)
+    lease = claim(store, call, "A", cfg).lease
+    assert store.begin(call, "A2", cfg) == Busy("A", None)
+    assert store.begin(call, "A3", cfg, token="other") == Busy("A", None)
+    assert store.renew(lease) is True
+    assert store.finish(lease, Outcome.success(1), cfg) == Accepted(Outcome.success(1, attempt=1))
+    assert advisory_locks_on(store, call.call_id) == 0
+
+
+def test_leases_on_a_terminated_lease_session_all_lapse_and_the_next_claim_opens_a_new_one(stores):
+    a, b, cfg = stores(), stores(), GuardConfig(delivery=Delivery.AT_LEAST_ONCE)
+    first, second = new_call(), new_call()
+    leases = [claim(a, c, "A", cfg).lease for c in (first, second)]
+    terminate_backend(a, a.lease_backend_pid(leases[0]))
+    assert [a.renew(lease) for lease in leases] == [False, False]
+    assert claim(b, first, "B", cfg).attempt == 2
+    third = claim(a, new_call(), "A", cfg).lease  # a's next claim works, on a new session
+    assert a.lease_backend_pid(third) != a.lease_backend_pid(leases[0])
+    assert a.renew(third) is True
+    assert claim(a, second, "A", cfg).attempt == 2

@@ -32,7 +32,7 @@ def test_calls_lists_every_call_newest_first_with_its_state(store_factory, lose_
     lease = claim(store, failed, "w1", config()).lease
     store.finish(lease, Outcome.failure("ValueError", "bad"), config())
     time.sleep(0.01)
-    claim(store, running, "w2", config())
+    claim(store_factory(), running, "w2", config())  # w2's own store: losing w3's session must not end it
     time.sleep(0.01)
     store.register(pending)
     time.sleep(0.01)

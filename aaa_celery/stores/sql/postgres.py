@@ -1,12 +1,13 @@
 """The PostgreSQL store: the spec's semantics, a lease bound to a database session.
 
 A lease is a session-level advisory lock, ``pg_try_advisory_lock(key)`` with
-``key`` a stable 64-bit hash of the call id, taken on a connection dedicated
-to that lease: it leaves the pool at ``begin`` and goes back only at
-``finish``, ``release`` or ``fenced``. The lease therefore has no TTL:
+``key`` a stable 64-bit hash of the call id, taken on the store's lease session:
+one autocommit connection, kept out of the pool, that holds every lease of the
+process (:class:`_LeaseSession`). The row work of each operation runs on pooled
+connections. The lease therefore has no TTL:
 
-* a worker that dies, or whose connection is cut or terminated, loses its
-  session, so the lock frees at once and the next delivery claims attempt
+* a worker that dies, or whose lease session is cut or terminated, loses that
+  session and every lease on it, so the locks free at once and the next delivery claims attempt
   n+1 (or is refused, as the call's delivery policy says);
 * a worker that is frozen but still connected keeps the lease: nobody takes
   over, so there is no duplicate, and no progress until it resumes or its
@@ -20,9 +21,9 @@ look alive:
   a vanished peer is noticed in about 30 s by both sides. Override them with
   ``connect_args``.
 * ``idle_session_timeout_s`` sets the server's ``idle_session_timeout`` for the
-  store's sessions (PostgreSQL 14+): a holder that stops heartbeating (each
-  ``renew`` runs a query on the lease's connection) is disconnected after that
-  long, and its lease freed. Keep it well above the guard's ``heartbeat_s``.
+  store's sessions (PostgreSQL 14+): a process that stops heartbeating (each
+  ``renew`` runs a query on the lease session) is disconnected after that long,
+  and its leases freed. Keep it well above the guard's ``heartbeat_s``.
 
 Attempt numbers, results and events live in the tables of :mod:`.sql`, written
 under ``SELECT ... FOR UPDATE``, so the attempt number is a real fence.
@@ -30,8 +31,8 @@ under ``SELECT ... FOR UPDATE``, so the attempt number is a real fence.
 Session locks do not survive a transaction-pooling proxy (PgBouncer in
 ``transaction`` mode, Supavisor on 6543): the lock stays on a server connection
 that other clients then borrow. The store refuses to run when it sees its
-session change between transactions (:func:`check_session_pinned`, at open and
-at every claim) and raises :class:`~aaa_celery.errors.UnsafeDeployment`.
+session change between transactions (:func:`check_session_pinned` at open, and
+the backend pid every statement on the lease session returns) and raises :class:`~aaa_celery.errors.UnsafeDeployment`.
 Connect directly, or through a session-mode pool.
 
 Open the store after forking (Celery's ``worker_process_init``): connections
@@ -41,12 +42,12 @@ with any other advisory locks that an application takes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -80,12 +81,14 @@ DEFAULT_CONNECT_ARGS: dict[str, Any] = {
 TRY_LEASE_LOCK = sa.text("SELECT pg_try_advisory_lock(:key) AS got, pg_backend_pid() AS pid")
 
 #: Give a call's lease back (this session's lock on ``key``).
-RELEASE_LEASE_LOCK = sa.text("SELECT pg_advisory_unlock(:key)")
+RELEASE_LEASE_LOCK = sa.text("SELECT pg_advisory_unlock(:key) AS freed, pg_backend_pid() AS pid")
 
 #: The server process behind this connection.
 BACKEND_PID = sa.text("SELECT pg_backend_pid()")
+#: The same, as a row (the lease session's statements all return ``pid``).
+SESSION_PID = sa.text("SELECT pg_backend_pid() AS pid")
 
-#: Does backend ``pid`` (this session's if NULL) hold the lease lock of the call, and does
+#: Does backend ``pid`` hold the lease lock of the call, and does
 #: the call's row still name ``token`` as its lease?
 LEASE_STILL_HELD = sa.text(
     """
@@ -94,9 +97,18 @@ LEASE_STILL_HELD = sa.text(
               WHERE locktype = 'advisory' AND granted AND objsubid = 1
                 AND classid::bigint = :hi AND objid::bigint = :lo
                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                AND pid = COALESCE(CAST(:pid AS integer), pg_backend_pid()))
-       AND EXISTS (SELECT 1 FROM aaa_calls WHERE call_id = :call_id AND lease_token = :token)
+                AND pid = CAST(:pid AS integer))
+       AND EXISTS (SELECT 1 FROM aaa_calls WHERE call_id = :call_id AND lease_token = :token) AS held
     """
+)
+
+#: Does the lease session (its locks known to the store) still name ``token`` as the call's
+#: lease? A lock can leave a session only by its unlock or with the session, so a session
+#: that answers with its own pid still holds it: no scan of ``pg_locks``, whose cost grows
+#: with the locks held.
+OWN_LEASE_HELD = sa.text(
+    "SELECT pg_backend_pid() AS pid,"
+    " EXISTS (SELECT 1 FROM aaa_calls WHERE call_id = :call_id AND lease_token = :token) AS held"
 )
 
 #: Every advisory lock held in this database, as the two halves of its key.
@@ -158,14 +170,109 @@ def _pooled(pids: Sequence[int]) -> UnsafeDeployment:
     )
 
 
-@dataclass
-class _Held:
-    """The dedicated connection holding one lease, and a lock for its users
-    (the heartbeat thread renews while the task thread finishes)."""
+class _LeaseSession:
+    """The one database session that holds this store's leases: an autocommit connection
+    kept out of the pool, on which each lease is a session-level advisory lock.
 
-    conn: Connection
-    key: int
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    One session holds every lease the process has, so a claim costs one statement here
+    (no connection opened per call, no transaction around the lock) and N running calls
+    need one server backend, not N. Threads take turns on it (:attr:`lock`). The keys it
+    holds are kept in :attr:`keys` (key -> lease token): advisory locks are re-entrant
+    within a session, so a second delivery of a running call in the same process must
+    read as busy here, before the server would grant the lock a second time.
+
+    A session that fails is dropped with every lock it held; the next claim opens another.
+    Each statement also returns ``pg_backend_pid()``: a pid that changes on one connection is
+    a transaction-pooling proxy, refused with :class:`~aaa_celery.errors.UnsafeDeployment`.
+    """
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.engine = engine
+        self.lock = threading.Lock()
+        self.conn: Connection | None = None
+        self.pid: int | None = None
+        self.keys: dict[int, str] = {}
+
+    def _open(self) -> Connection:
+        if self.conn is None:
+            conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            try:
+                self.pid = conn.execute(BACKEND_PID).scalar_one()
+            except BaseException:
+                conn.invalidate()
+                conn.close()
+                raise
+            self.conn = conn
+        return self.conn
+
+    def _drop(self) -> None:
+        """Forget the session (broken, or its server session ended): its locks are gone."""
+        conn, self.conn, self.pid = self.conn, None, None
+        self.keys.clear()
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.invalidate()
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _run(self, statement: sa.TextClause, params: dict[str, Any]) -> Row[Any]:
+        """Run one statement that also returns ``pid``; check the session did not move."""
+        row = self._open().execute(statement, params).one()
+        if row.pid != self.pid:
+            pids = [self.pid or 0, row.pid]
+            self._drop()
+            raise _pooled(pids)
+        return row
+
+    def try_lock(self, key: int, token: str) -> tuple[bool, str]:
+        """Take ``key`` if no session holds it: (got it, the lease token ``<pid>.<token>``,
+        with this session's backend pid). A key this session holds already is busy."""
+        with self.lock:
+            if key in self.keys:  # held here, if the session still lives
+                try:
+                    return False, f"{self._run(SESSION_PID, {}).pid}.{token}"
+                except exc.DBAPIError:
+                    self._drop()
+            for retry in (True, False):
+                try:
+                    row = self._run(TRY_LEASE_LOCK, {"key": key})
+                    break
+                except exc.DBAPIError:
+                    self._drop()  # a failed session held no lock of ours any more: retry once on a new one
+                    if not retry:
+                        raise
+            lease_token = f"{row.pid}.{token}"
+            if row.got:
+                self.keys[key] = lease_token
+            return bool(row.got), lease_token
+
+    def unlock(self, key: int, token: str) -> None:
+        """Give ``key`` back if this session holds it for ``token``."""
+        with self.lock:
+            if self.keys.get(key) != token:
+                return  # not ours, or gone with a session that ended
+            del self.keys[key]
+            try:
+                self._run(RELEASE_LEASE_LOCK, {"key": key})
+            except exc.DBAPIError:
+                self._drop()  # its session is gone, and the lock with it
+
+    def holds(self, key: int, call_id: str, token: str) -> bool:
+        """Whether this session still holds ``key`` for ``token``, and the call's row still
+        names ``token``: the session answers (with its pid, :data:`OWN_LEASE_HELD`)."""
+        with self.lock:
+            if self.keys.get(key) != token:
+                return False
+            try:
+                return bool(self._run(OWN_LEASE_HELD, {"call_id": call_id, "token": token}).held)
+            except exc.DBAPIError:
+                self._drop()
+                return False
+
+    def close(self) -> None:
+        """End the session, which frees every lock it holds."""
+        with self.lock:
+            self._drop()
 
 
 def _engine_url(url: str) -> sa.URL:
@@ -215,8 +322,7 @@ class PostgresStore(SQLRuns, SQLStore):
         options = {"pool_pre_ping": True, "pool_size": 5, "max_overflow": -1, **(engine_options or {})}
         self._clock_base: tuple[float, float] | None = None
         super().__init__(sa.create_engine(_engine_url(url), connect_args=args, **options), clock or self._db_clock)
-        self._held: dict[str, _Held] = {}
-        self._held_lock = threading.Lock()
+        self._session = _LeaseSession(self.engine)
         with wrap_errors(self.kind, *_DRIVER_ERRORS):
             with self.engine.connect() as conn:
                 check_session_pinned(conn)
@@ -258,47 +364,32 @@ class PostgresStore(SQLRuns, SQLStore):
         held = {(r.hi, r.lo) for r in conn.execute(HELD_ADVISORY_LOCKS)}
         return {r.call_id for r in rows if key_halves(lock_key(r.call_id)) in held}
 
+    def _write_one(self) -> AbstractContextManager[Connection]:
+        return self._autocommit()
+
+    @contextmanager
+    def _autocommit(self) -> Iterator[Connection]:
+        with wrap_errors(self.kind, *_DRIVER_ERRORS), self.engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
     def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
         key = lock_key(call.call_id)
-        got = claimed = False
         with wrap_errors(self.kind, *_DRIVER_ERRORS):
-            conn = self.engine.connect()
-            try:
-                got, pid = conn.execute(TRY_LEASE_LOCK, {"key": key}).one()
-                conn.commit()
-                with conn.begin():
-                    now = self.now()
-                    row, spec = self._lock_call(conn, call, now, _SELECT_BACKEND_PID)
-                    if got and row.backend_pid != pid:
-                        raise _pooled([pid, row.backend_pid])
-                    lease_token = f"{pid}.{token or new_token()}"
-                    result = self._begin(conn, row, spec, worker, config, now, not got, lease_token)
-                claimed = got and isinstance(result, Claimed)
-                if claimed:
-                    with self._held_lock:
-                        self._held[lease_token] = _Held(conn, key)
-                return result
-            finally:
-                if not claimed:
-                    self._close(conn, key if got else None)
-
-    def _close(self, conn: Connection, key: int | None) -> None:
-        """Unlock ``key`` (if given) and return the connection; a broken one is dropped."""
+            got, lease_token = self._session.try_lock(key, token or new_token())
+        claimed = False
         try:
-            if key is not None:
-                conn.execute(RELEASE_LEASE_LOCK, {"key": key})
-                conn.commit()
-        except exc.DBAPIError:
-            conn.invalidate()  # its session is gone, and the lock with it
+            with self._write() as conn:
+                now = self.now()
+                row, spec = self._lock_call(conn, call, now)
+                result = self._begin(conn, row, spec, worker, config, now, not got, lease_token)
+            claimed = got and isinstance(result, Claimed)
+            return result
         finally:
-            conn.close()
+            if got and not claimed:
+                self._session.unlock(key, lease_token)
 
     def _let_go(self, lease: Lease) -> None:
-        with self._held_lock:
-            held = self._held.pop(lease.token, None)
-        if held is not None:
-            with held.lock:
-                self._close(held.conn, held.key)
+        self._session.unlock(lock_key(lease.call_id), lease.token)
 
     def lease_backend_pid(self, lease: Lease) -> int | None:
         """The server process whose session holds ``lease`` (for operators and fault tests)."""
@@ -307,35 +398,20 @@ class PostgresStore(SQLRuns, SQLStore):
 
     def renew(self, lease: Lease) -> bool:
         """Check that the lease's session is alive and still holds the lock (no TTL to extend)."""
-        hi, lo = key_halves(lock_key(lease.call_id))
-        params = {"hi": hi, "lo": lo, "pid": None, "call_id": lease.call_id, "token": lease.token}
-        with self._held_lock:
-            held = self._held.get(lease.token)
-        if held is None:  # held by another instance: look its session up by the pid in the token
-            params["pid"] = self.lease_backend_pid(lease)
-            if params["pid"] is None:
-                return False
-            with self._read() as conn:
-                return bool(conn.execute(LEASE_STILL_HELD, params).scalar_one())
-        with held.lock:
-            try:
-                alive = bool(held.conn.execute(LEASE_STILL_HELD, params).scalar_one())
-                held.conn.commit()
-                return alive
-            except exc.DBAPIError:
-                pass
-        with self._held_lock:  # the session died, and its lock with it
-            self._held.pop(lease.token, None)
-        with held.lock:
-            held.conn.invalidate()
-            held.conn.close()
-        return False
+        key = lock_key(lease.call_id)
+        if self._session.keys.get(key) == lease.token:
+            with wrap_errors(self.kind, *_DRIVER_ERRORS):
+                return self._session.holds(key, lease.call_id, lease.token)
+        pid = self.lease_backend_pid(lease)
+        if pid is None:
+            return False
+        # held by another instance (or by a session of ours that ended): look its session up
+        # in pg_locks by the pid in the token
+        hi, lo = key_halves(key)
+        params = {"hi": hi, "lo": lo, "pid": pid, "call_id": lease.call_id, "token": lease.token}
+        with self._read() as conn:
+            return bool(conn.execute(LEASE_STILL_HELD, params).one().held)
 
     def close(self) -> None:
-        with self._held_lock:
-            tokens = list(self._held)
-        for token in tokens:
-            held = self._held.pop(token)
-            with held.lock:
-                self._close(held.conn, held.key)
+        self._session.close()
         self.engine.dispose()

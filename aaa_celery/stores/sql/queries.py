@@ -41,6 +41,22 @@ def select_call_for_update(call_id: str, *extra: sa.ColumnElement[Any]) -> sa.Se
     return sa.select(calls, *extra).where(calls.c.call_id == call_id).with_for_update()
 
 
+def select_call_and_result_for_update(call_id: str, *extra: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """:func:`select_call_for_update` with the call's recorded outcome beside its row (NULL if
+    none), in one round trip; only the call's row is locked."""
+    return (
+        sa.select(calls, results.c.outcome, *extra)
+        .outerjoin(results, results.c.call_id == calls.c.call_id)
+        .where(calls.c.call_id == call_id)
+        .with_for_update(of=calls)
+    )
+
+
+def insert_new_call(insert: Insert, spec: CallSpec, now: float) -> sa.Executable:
+    """:func:`insert_call_if_absent`, returning the call's id only if this inserted its row."""
+    return insert_call_if_absent(insert, spec, now).returning(calls.c.call_id)  # type: ignore[attr-defined,no-any-return]
+
+
 def update_call_spec(spec: CallSpec) -> sa.Update:
     """Store the request of a call first registered without one."""
     return calls.update().where(calls.c.call_id == spec.call_id).values(spec=asdict(spec))

@@ -62,10 +62,12 @@ from .queries import (
     insert_budget_if_absent,
     insert_call_if_absent,
     insert_event_if_absent,
+    insert_new_call,
     insert_result,
     lease_holds,
     select_budget_for_update,
     select_budget_token,
+    select_call_and_result_for_update,
     select_call_for_update,
     select_calls_page,
     select_checkpoint,
@@ -152,14 +154,23 @@ class SQLStore(Store):
     def _let_go(self, lease: Lease) -> None:  # noqa: B027 - optional hook
         """Free what the backend holds for ``lease`` outside the tables (after commit)."""
 
+    def _write_one(self) -> AbstractContextManager[Connection]:
+        """A connection for one statement that needs no transaction around it (PostgreSQL:
+        autocommit, which saves the ``BEGIN`` and ``COMMIT`` round trips)."""
+        return self._write()
+
     # Steps run inside a write transaction.
 
     def _lock_call(
         self, conn: Connection, spec: CallSpec, now: float, *extra: sa.ColumnElement[Any]
     ) -> tuple[Row[Any], CallSpec]:
-        """Lock the call's row (creating it) and return it with the call's spec in force."""
-        conn.execute(insert_call_if_absent(self.insert, spec, now))
-        row = conn.execute(select_call_for_update(spec.call_id, *extra)).one()
+        """Lock the call's row (creating it) and return it, with its recorded outcome
+        (``row.outcome``), and the call's spec in force. A registered call (the usual case
+        at ``begin`` and ``finish``) takes one statement."""
+        row = conn.execute(select_call_and_result_for_update(spec.call_id, *extra)).one_or_none()
+        if row is None:
+            conn.execute(insert_call_if_absent(self.insert, spec, now))
+            row = conn.execute(select_call_and_result_for_update(spec.call_id, *extra)).one()
         stored = CallSpec(**row.spec)
         kept = merge_spec(stored, spec)
         if kept is not stored:
@@ -169,17 +180,19 @@ class SQLStore(Store):
     def _result(self, conn: Connection, call_id: str) -> Outcome | None:
         return _outcome(conn.execute(select_result(call_id)).scalar_one_or_none())
 
-    def _state(self, conn: Connection, row: Row[Any], holder_live: bool) -> CallState:
-        """The locked call's state; ``holder_live`` says whether its lease is live."""
-        result = self._result(conn, row.call_id)
+    def _state(self, conn: Connection, row: Row[Any], holder_live: bool, *, cause: bool = True) -> CallState:
+        """The locked call's state; ``holder_live`` says whether its lease is live. The result
+        is read with the row if the row has it (``outcome``); ``cause``: look up why a lapsed
+        call's last attempt was lost (only a delivery's decision needs it)."""
+        result = _outcome(row.outcome) if "outcome" in row._fields else self._result(conn, row.call_id)
         token = row.lease_token or ""
         if not holder_live:
-            cause = ""
-            if row.attempts > 0 and result is None:  # a lapsed call: did its holder say why?
+            lost_cause = ""
+            if cause and row.attempts > 0 and result is None:  # a lapsed call: did its holder say why?
                 data = conn.execute(select_event_data(event_id(row.call_id, FENCED, row.attempts))).scalar_one_or_none()
-                cause = str((data or {}).get("cause") or "")
+                lost_cause = str((data or {}).get("cause") or "")
             return CallState(row.attempts, result, handed_on=row.handed_on, handed=row.handed, token=token,
-                             lost_cause=cause)
+                             lost_cause=lost_cause)
         return CallState(row.attempts, result, True, row.lease_worker or "", row.lease_expires_at,
                          row.handed_on, row.handed, token)
 
@@ -219,7 +232,7 @@ class SQLStore(Store):
                 # The row lock serializes every write of the call, so the result read under
                 # it is current and the decision still holds when written: the insert of an
                 # accepted result cannot meet another result.
-                writes = plan_finish(self._state(conn, row, False), spec, lease, outcome, config)
+                writes = plan_finish(self._state(conn, row, False, cause=False), spec, lease, outcome, config)
                 result: FinishResult = apply(writes, _Writer(self.insert, conn, lease.call_id, now))
         except StoreUnavailable:
             raise
@@ -281,8 +294,12 @@ class SQLStore(Store):
             return self._result(conn, call_id)
 
     def register(self, call: CallSpec) -> None:
-        with self._write() as conn:
-            self._lock_call(conn, call, self.now())
+        now = self.now()
+        with self._write_one() as conn:  # a new call: one statement
+            if conn.execute(insert_new_call(self.insert, call, now)).first() is not None:
+                return
+        with self._write() as conn:  # a known call: keep what it stores, add what it lacks
+            self._lock_call(conn, call, now)
 
     def expired(self, now: float | None = None, unclaimed_grace_s: float = 60.0) -> list[CallSpec]:
         now = self.now() if now is None else now
