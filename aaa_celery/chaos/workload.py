@@ -35,6 +35,7 @@ from ..testing.faults import Frozen, freeze, kill9, pool_children, stop_process
 from ..testing.fleet import WorkerProcess
 from ..testing.ledger import END, EffectLedger
 from .app import TASKS, make_app
+from .proxy import Link, ProxyHub
 
 WORKER_FAULTS = ("kill_main", "kill_child", "freeze_kill", "stop_cont")
 #: Faults of the store itself: a Redis store the run starts, with AOF (``appendfsync always``).
@@ -51,7 +52,14 @@ FAILOVER_REASON = ("store_failover: Redis replication is asynchronous, so a writ
 #: documented exception (docs/chaos.md): the lease is the session's lock, and ends with it.
 PG_KILL_REASON = ("a session store's lease ends with its session, and on_lost_lease=finish lets "
                   "the body run to its end (its result fenced)")
-FAULT_KINDS = (*WORKER_FAULTS, "duplicate", "pg_kill", *STORE_FAULTS)
+#: Faults of the network, between one worker and the store or the broker (a :mod:`.proxy`
+#: link on each of those paths, in runs that name them in ``kinds``): ``partition_store`` and
+#: ``partition_broker`` cut the path both ways, one way (requests or replies held) or reset
+#: it, for longer than the lease TTL; ``slow_store`` delays every chunk 0.5 to 2 s each way.
+PARTITION_FAULTS = ("partition_store", "partition_broker", "slow_store")
+FAULT_KINDS = (*WORKER_FAULTS, "duplicate", "pg_kill", *STORE_FAULTS, *PARTITION_FAULTS)
+#: How a partition cuts its path, chosen by the fault's ``pick``.
+CUTS = ("both", "up", "down", "reset")
 
 
 @dataclass
@@ -124,7 +132,8 @@ def make_plan(config: ChaosConfig, nonce: str) -> Plan:
             sent_at=round(i / rate, 3),
         ))
     span = calls[-1].sent_at if calls else 0.0
-    kinds = list(config.kinds) or [k for k in FAULT_KINDS if k != "pg_kill" and k not in STORE_FAULTS]
+    kinds = list(config.kinds) or [k for k in FAULT_KINDS
+                                   if k != "pg_kill" and k not in STORE_FAULTS and k not in PARTITION_FAULTS]
     if not config.kinds and (config.store or "").startswith("postgresql"):
         kinds.append("pg_kill")
     times = sorted(rng.uniform(1.5, span + 3.0) for _ in range(config.faults))
@@ -288,6 +297,9 @@ class ChaosRun:
         #: Leases that pg_kill ended (the checker's LeaseEnd: no silence before the loss).
         self.lease_ends: list[LeaseEnd] = []
         self.fault_error: BaseException | None = None
+        #: The partition nemesis's proxies: each worker slot's ``store`` and ``broker`` path.
+        self.hub: ProxyHub | None = None
+        self.paths: dict[int, dict[str, Link]] = {}
 
     # -- setup ------------------------------------------------------------------------
     def _env(self) -> dict[str, str]:
@@ -315,12 +327,35 @@ class ChaosRun:
         gen = self.generation[slot]
         self.generation[slot] += 1
         w = WorkerProcess("aaa_celery.chaos.app", hostname=f"w{slot + 1}.{gen}@chaos", pool="prefork",
-                          concurrency=self.config.concurrency, env=self.env, workdir=self.workdir / "workers",
+                          concurrency=self.config.concurrency, env=self._slot_env(slot), workdir=self.workdir / "workers",
                           loglevel="WARNING")
         w.start()
         self.everyone.append(w)
         self.lanes[w.pid] = Lane(w.hostname, slot, w.pid, self._now())
         return w
+
+    def _slot_env(self, slot: int) -> dict[str, str]:
+        """A worker's env: its broker and store through its own proxied paths, if any (the
+        ledger, the observer, never)."""
+        env = dict(self.env)
+        paths = self.paths.get(slot, {})
+        if "broker" in paths:
+            env["AAA_CHAOS_BROKER"] = paths["broker"].url(self.broker)
+        if "store" in paths:
+            env["AAA_CHAOS_STORE"] = paths["store"].url(self._store_url())
+        return env
+
+    def _store_url(self) -> str:
+        return self.config.store or (self.store_redis.url if self.store_redis is not None else self.broker)
+
+    def _open_paths(self) -> None:
+        """A proxy link per worker slot to the broker, and to the store (not in a baseline run)."""
+        self.hub = ProxyHub()
+        for slot in range(self.config.workers):
+            self.paths[slot] = {"broker": self.hub.link(self.broker)}
+            if not self.config.baseline:
+                self.paths[slot]["store"] = self.hub.link(self._store_url())
+        self.say(f"partition proxies: {sum(len(p) for p in self.paths.values())} paths on loopback")
 
     def _now(self) -> float:
         return time.time() - self.t0 if self.t0 else 0.0
@@ -346,6 +381,8 @@ class ChaosRun:
                 if "store_failover" in c.kinds:
                     self.store_replica = LocalRedis(self.workdir / "replica", replica_of=self.store_redis.port)
             self.ledger_prefix = f"aaa:chaos:{self.nonce}"
+            if set(c.kinds) & set(PARTITION_FAULTS):
+                self._open_paths()
             self.env = self._env()
             self.app = make_app(self.env)
             self.ledger = EffectLedger(self.broker, self.ledger_prefix)
@@ -379,6 +416,8 @@ class ChaosRun:
             for server in (self.store_replica, self.store_redis):
                 if server is not None:
                     server.stop()
+            if self.hub is not None:
+                self.hub.stop()
 
     def _drive(self) -> int:
         """Send on schedule, restart dead workers, show progress, then drain; returns how many
@@ -486,6 +525,9 @@ class ChaosRun:
             self._store_fault(fault)
             return
         w = self._pick_worker(fault)
+        if w is not None and kind in PARTITION_FAULTS:
+            self._partition(fault, w)
+            return
         if w is None:
             fault.skipped = "no worker up"
             return
@@ -520,6 +562,32 @@ class ChaosRun:
         lane = self.lanes.get(w.pid)
         if lane is not None and kind in ("kill_main", "freeze_kill"):
             lane.how = kind
+
+    def _partition(self, fault: Fault, w: WorkerProcess) -> None:
+        """Cut (or slow) one worker's path to the store or the broker for ``hold_s``, then heal it."""
+        name = "broker" if fault.kind == "partition_broker" else "store"
+        with self.lock:
+            slot = self.slots.index(w)
+        link = self.paths.get(slot, {}).get(name)
+        if link is None:
+            fault.skipped = f"no {name} path (a baseline run has no store)"
+            return
+        if fault.kind == "slow_store":
+            delay = round(0.5 + 1.5 * fault.pick, 2)
+            link.slow(delay)
+            how = f"slowed {delay:.2f} s each way"
+        else:
+            cut = CUTS[min(int(fault.pick * len(CUTS)), len(CUTS) - 1)]
+            if cut == "reset":
+                link.reset()
+            else:
+                link.cut(cut)
+            how = {"both": "cut both ways", "up": "cut one way (requests held)",
+                   "down": "cut one way (replies held)", "reset": "reset and refused"}[cut]
+        fault.done_at = self._now()
+        fault.target = f"{w.hostname} {name} path {how}, {fault.hold_s:.1f} s"
+        self.stop_event.wait(fault.hold_s)
+        link.heal()
 
     def _store_fault(self, fault: Fault) -> None:
         """Pause the store's writes past the lease TTL, or restart its server (AOF)."""

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from aaa_celery.chaos.report import format_table
-from aaa_celery.chaos.workload import STORE_FAULTS, WORKER_FAULTS, ChaosConfig, ChaosRun
+from aaa_celery.chaos.workload import PARTITION_FAULTS, STORE_FAULTS, WORKER_FAULTS, ChaosConfig, ChaosRun
 
 pytestmark = [pytest.mark.redis, pytest.mark.fleet]
 
@@ -36,6 +36,22 @@ def test_ci_chaos_run_100_calls_3_workers_20_faults_has_no_violations(redis_url,
     assert len(acted) >= 20, report["fault_log"]  # the nemesis really acted
     assert len([k for k, n in report["faults"].items() if n]) >= 4  # of several kinds
     assert all(report["faults"].get(kind, 0) >= 1 for kind in STORE_FAULTS), report["faults"]
+    assert report["summary"]["body_starts"] >= 100
+
+
+def test_ci_partition_run_100_calls_20_faults_has_no_violations(redis_url, tmp_path):
+    # Issue 24: the nemesis cuts the network. Each worker reaches the store and the broker
+    # through a TCP proxy of its own; partition_store / partition_broker cut one path both
+    # ways, one way or with resets, past the lease TTL; slow_store delays it by seconds.
+    report = chaos(redis_url, tmp_path, calls=100, workers=3, concurrency=2, faults=20, ttl_s=2.0, seed=11,
+                   drain_s=90, kinds=(*PARTITION_FAULTS, "kill_child"))
+    assert report["violations"] == []
+    assert report["summary"]["results"].get("no result", 0) == 0
+    acted = [f for f in report["fault_log"] if f["done_at"] is not None and not f["skipped"]]
+    assert len(acted) >= 18, report["fault_log"]
+    assert all(report["faults"].get(kind, 0) >= 1 for kind in PARTITION_FAULTS), report["faults"]
+    cuts = {f["target"].split(" path ")[1].split(",")[0] for f in acted if f["kind"].startswith("partition")}
+    assert len(cuts) >= 3, cuts  # both ways, one way, reset: several ways of cutting
     assert report["summary"]["body_starts"] >= 100
 
 
