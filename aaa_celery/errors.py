@@ -105,6 +105,11 @@ class UnsafeDeployment(StoreError):
     """The store's deployment cannot keep the guarantees (e.g. a transaction-pooling proxy)."""
 
 
+class StoreOutdated(StoreError):
+    """The store's schema (or Redis format) is not the one this release runs on: an older one
+    to upgrade with ``celery -A proj aaa migrate``, or a newer one written by a later release."""
+
+
 class LeaseLost(AAACeleryError):
     """This worker lost the call's lease; another attempt may be running."""
 

@@ -219,3 +219,26 @@ def purge(ctx: click.Context, older_than: str, yes: bool) -> None:
                       f"{store.kind} store?", abort=True)
     purged = store.purge(store.now() - duration(older_than))
     click.echo(f"purged {purged} finished calls first seen more than {older_than} ago")
+
+
+@aaa.command()
+@click.option("--check", is_flag=True, help="Only say whether the store needs an upgrade (exit 1 if it does).")
+@click.pass_context
+def migrate(ctx: click.Context, check: bool) -> None:
+    """Upgrade the app's store to this release's schema (SQL: the Alembic revisions shipped
+    in the package; Redis: its format key), under the store's schema lock. Safe to run
+    again, and while workers of this release or the one before run (docs/upgrading.md)."""
+    store = _store(ctx)
+    before = store.schema_version()
+    if check:
+        click.echo(f"{store.kind} store schema: {before.describe()}")
+        if before.outdated or before.newer:
+            sys.exit(1)
+        return
+    if before.newer:
+        raise click.ClickException(f"the {store.kind} store is at {before.describe()}: upgrade aaa_celery instead")
+    after = store.migrate()
+    if after.current == before.current:
+        click.echo(f"{store.kind} store schema: {after.current} (already current)")
+    else:
+        click.echo(f"{store.kind} store schema: {before.current or '0.1.0 (unversioned)'} -> {after.current}")

@@ -242,6 +242,20 @@ def check_store(app: Any, tasks: list[Any], store: Store | None, error: str | No
     return Check("pass", "store reachable", f"{store.kind} store at {_safe(store_url(app))}")
 
 
+def check_store_schema(store: Store) -> Check:
+    """The store's schema version against this release's (``celery aaa migrate`` upgrades it)."""
+    try:
+        version = store.schema_version()
+    except (AAACeleryError, OSError) as e:
+        return Check("warn", "store schema", f"cannot read the store's version: {e}")
+    if version.newer:
+        return Check("fail", "store schema", f"{version.describe()}: upgrade aaa_celery on this host")
+    if version.outdated:
+        return Check("fail", "store schema", f"{version.describe()}: run `celery -A proj aaa migrate`, "
+                     "or set aaa_store_auto_migrate=True (docs/upgrading.md)")
+    return Check("pass", "store schema", version.describe())
+
+
 def check_redis_aof(store: Store) -> Check | None:
     if getattr(store, "kind", "") != "redis":
         return None
@@ -291,15 +305,6 @@ def _safe(url: str) -> str:
     if not at or ":" not in creds:
         return url
     return f"{scheme}{sep}{creds.partition(':')[0]}:***@{host}"
-
-
-def check_store_schema(store: Store) -> Check | None:
-    """The store's schema version, for a store that reports one (``schema_version()``, once
-    stores carry a versioned format); None for one that does not."""
-    version = getattr(store, "schema_version", None)
-    if not callable(version):
-        return None
-    return Check("pass", "store schema", f"version {version()}")
 
 
 def _checked(name: str, check: Callable[..., Check | None], *args: Any) -> Check | None:

@@ -19,9 +19,10 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from ..config import GuardConfig
-from ..errors import StoreUnavailable
+from ..errors import StoreOutdated, StoreUnavailable
 from ..lifecycle import (
     BeginResult,
     CallSpec,
@@ -49,6 +50,60 @@ def recovery_hold(tries: int, hold_s: float, max_hold_s: float | None) -> float:
     earlier republish since its last claim, at most ``max_hold_s``."""
     longest = hold_s if max_hold_s is None else max(hold_s, max_hold_s)
     return float(min(longest, hold_s * 2 ** (tries - 1)))
+
+
+@dataclass(frozen=True)
+class StoreVersion:
+    """Which schema (SQL: the Alembic revision; Redis: the format number) a store holds,
+    and which one this release runs on.
+
+    ``current`` is None for a store written by 0.1.0, which kept no version, and for a
+    store with nothing in it yet (``empty``)."""
+
+    current: str | None
+    latest: str
+    #: The revisions this release knows, oldest first (a ``current`` outside is newer).
+    known: tuple[str, ...] = ()
+    empty: bool = False
+
+    @property
+    def outdated(self) -> bool:
+        """An older store, that ``migrate`` upgrades."""
+        return not self.empty and self.current != self.latest and not self.newer
+
+    @property
+    def newer(self) -> bool:
+        """A store that a later release upgraded: this release must not write to it."""
+        return self.current is not None and self.current not in self.known
+
+    def describe(self) -> str:
+        if self.empty:
+            return f"empty (it starts at {self.latest})"
+        current = self.current or "0.1.0 (unversioned)"
+        if self.newer:
+            return f"{current}, newer than this release's {self.latest}"
+        return current if current == self.latest else f"{current}, this release needs {self.latest}"
+
+
+def check_version(store: Store, auto_migrate: bool, command: str = "celery -A proj aaa migrate") -> StoreVersion:
+    """Refuse a store whose schema is not this release's, naming the way out: ``command``
+    for an older one (or, with ``auto_migrate``, upgrade it now, under the store's schema
+    lock), a newer release for a newer one."""
+    version = store.schema_version()
+    if version.newer:
+        raise StoreOutdated(
+            f"the {store.kind} store is at schema {version.current}, which a newer release of aaa_celery "
+            f"wrote; this release runs on {version.latest} and will not write to it: upgrade aaa_celery on "
+            "this worker (docs/upgrading.md)",
+            current=version.current, latest=version.latest)
+    if not version.outdated:
+        return version
+    if auto_migrate:
+        return store.migrate()
+    raise StoreOutdated(
+        f"the {store.kind} store is at schema {version.describe()}: upgrade it with `{command}` "
+        "(docs/upgrading.md), or set aaa_store_auto_migrate=True to let the worker upgrade it at start",
+        current=version.current, latest=version.latest)
 
 
 class CallStore(abc.ABC):
@@ -221,7 +276,23 @@ class Budgets:
         raise NotImplementedError(f"{type(self).__name__} keeps no budgets")
 
 
-class Store(CallStore, Checkpoints, RecoveryIndex, Operations, Budgets, RunRecords, RunJournal):
+class SchemaVersions:
+    """Which schema a store holds, and its upgrade (docs/upgrading.md): the operator's
+    ``aaa migrate`` and the check at worker start (:func:`check_version`)."""
+
+    def schema_version(self) -> StoreVersion:
+        """The store's schema version, and this release's (a store that keeps nothing
+        across processes, as the memory store, is always current)."""
+        return StoreVersion("1", "1", ("1",))
+
+    def migrate(self) -> StoreVersion:
+        """Upgrade the store to this release's schema, under the store's schema lock (a
+        no-op on a current one); returns the version it is at now. Raises StoreOutdated
+        for a store a newer release wrote."""
+        return self.schema_version()
+
+
+class Store(CallStore, Checkpoints, RecoveryIndex, Operations, Budgets, RunRecords, RunJournal, SchemaVersions):
     """A backend: every interface above, the records of agent runs (:mod:`.runs`), its
     clock and its connections. Each interface has its own conformance suite in
     ``tests/stores`` (``tests/stores/test_interfaces.py`` names them)."""

@@ -11,6 +11,7 @@ from celery import bootsteps
 from .events import TASK_EVENTS_SETTING
 from .recovery import RecoverySettings, Sweeper
 from .settings import check_settings, check_worker_processes
+from .stores import check_store_version
 
 
 class RecoveryStep(bootsteps.StartStopStep):
@@ -29,6 +30,8 @@ class RecoveryStep(bootsteps.StartStopStep):
         check_worker_processes(worker.app, getattr(worker, "pool_cls", None), getattr(worker, "concurrency", 1),
                                kwargs.get("autoscale"))
         self.interval_s = RecoverySettings.of(worker.app).interval_s  # a value that is no number fails here
+        # ... nor on a store of another schema version (an older one: `celery aaa migrate`).
+        check_store_version(worker.app)
         # Before the pool starts, so prefork children inherit it.
         worker.app.conf[TASK_EVENTS_SETTING] = bool(getattr(worker, "task_events", False))
         self.sweeper: Sweeper | None = None

@@ -24,6 +24,8 @@ from typing import Any
 SETTINGS: dict[str, str] = {
     "aaa_store_url": "the guard's store, shared by every worker (the broker's Redis server)",
     "aaa_store_options": "keyword options of the store: key_prefix, shards, retention_s, ... ({})",
+    "aaa_store_auto_migrate": "a worker that finds an older store schema upgrades it at start, under the "
+                              "store's schema lock, instead of refusing to start (False)",
     "aaa_guard": "the app-wide GuardConfig (a dict) of plain GuardedTasks ({})",
     "aaa_secret_key": "a Fernet key (or a list, newest first) that seals secret tool arguments",
     "aaa_register_on_publish": "register a call in the store when it is sent (True)",

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
 
 from celery import Celery
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreUnavailable
 from ..stores import Store, open_store
+from ..stores.base import StoreVersion, check_version
 from .conf import setting
 from .setting_names import assignment, spelled
+
+logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _opened: dict[tuple[int, str, str], Store] = {}
@@ -74,6 +78,27 @@ def app_store(app: Celery) -> Store:
         if store is None:
             store = _opened[key] = open_store(url, **options)
         return store
+
+
+def migrate_command(app: Celery) -> str:
+    """The command that upgrades ``app``'s store, as the operator would type it."""
+    main = app.main if app.main and app.main != "__main__" else "proj"
+    return f"celery -A {main} aaa migrate"
+
+
+def check_store_version(app: Celery) -> StoreVersion | None:
+    """Refuse to start on a store whose schema is not this release's (an older one names
+    ``celery -A proj aaa migrate``), or upgrade an older one at once, under the store's
+    schema lock, with ``aaa_store_auto_migrate=True``.
+
+    A store that cannot be reached now is no reason not to start (the worker waits for it,
+    as it does for a store that goes away later): that is logged, and None returned."""
+    try:
+        return check_version(app_store(app), bool(setting(app, "aaa_store_auto_migrate", False)),
+                             migrate_command(app))
+    except StoreUnavailable as e:
+        logger.warning("aaa_celery: the store's schema version was not checked at start: %s", e)
+        return None
 
 
 def forget_inherited() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from aaa_celery.stores.base import Budgets, CallStore, Checkpoints, Operations, RecoveryIndex, Store
+from aaa_celery.stores.base import Budgets, CallStore, Checkpoints, Operations, RecoveryIndex, SchemaVersions, Store
 from aaa_celery.stores.runs import RunJournal, RunRecords
 
 HERE = Path(__file__).parent
@@ -22,6 +22,7 @@ SUITES = {
     Budgets: "test_conformance_budgets.py",
     RunRecords: "test_run_records.py",
     RunJournal: "test_run_records.py",
+    SchemaVersions: "test_schema_version.py",
 }
 MAX_VERBS = 12
 

@@ -95,10 +95,11 @@ from ...lifecycle import (
     stamped,
     started_event,
 )
-from ..base import Store, new_token, wrap_errors
+from ..base import Store, StoreVersion, new_token, wrap_errors
 from ..budgets import EPSILON, check_spend
 from ..ops import CallRecord, plan_resolve
 from .client import CLUSTER_SCHEMES, CONNECT_ERRORS, ERRORS, SOCKET_TIMEOUT_S, evalsha, lua, ms
+from . import format_version
 from .runs import RedisRuns
 
 _SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "hand_on", "register", "claim_recovery", "record",
@@ -177,6 +178,8 @@ class RedisStore(RedisRuns, Store):
         self._tags = [f"{key_prefix}:{{{key_prefix}:{n}}}" for n in range(shards)]
         self._indexes = [[f"{tag}:{name}" for name in _INDEXES] for tag in self._tags]
         self._client: Any = None
+        #: Whether this instance checked the prefix's format key (stamped an empty one).
+        self._stamped = False
         self._scripts: dict[str, Any] = {}
         self._specs: OrderedDict[str, CallSpec] = OrderedDict()
         self._specs_lock = threading.Lock()
@@ -211,7 +214,27 @@ class RedisStore(RedisRuns, Store):
         if client is None:
             with self._connect_lock, wrap_errors(self.kind, *CONNECT_ERRORS):
                 client = self._client or self._open(self._connect)
+        if not self._stamped:
+            with wrap_errors(self.kind, *ERRORS):
+                format_version.stamp_if_empty(client, self.key_prefix, self._format_indexes())
+            self._stamped = True
         return client
+
+    # -- Format version (format_version.py) ------------------------------------------------------
+
+    def _format_indexes(self) -> list[str]:
+        """Every index a call or a run of the prefix is in."""
+        return [f"{tag}:calls" for tag in self._tags] + [f"{self._run_tag(n)}:runs" for n in range(self.shards)]
+
+    def schema_version(self) -> StoreVersion:
+        client = self._redis
+        with wrap_errors(self.kind, *ERRORS):
+            return format_version.version(client, self.key_prefix, self._format_indexes())
+
+    def migrate(self) -> StoreVersion:
+        client = self._redis
+        with wrap_errors(self.kind, *ERRORS):
+            return format_version.upgrade(client, self.key_prefix, self._format_indexes())
 
     def shard(self, call_id: str) -> int:
         """The shard of a call: a hash of its id that every worker computes alike."""

@@ -60,7 +60,7 @@ from ...errors import ConfigError, StoreUnavailable, UnsafeDeployment
 from ...lifecycle import BeginResult, CallSpec, Claimed, Lease
 from ..base import new_token, wrap_errors
 from .runs import SQLRuns
-from .schema import metadata
+from . import versions
 from .store import SQLStore
 
 _DRIVER_ERRORS = (exc.OperationalError, exc.InterfaceError)
@@ -327,8 +327,8 @@ class PostgresStore(SQLRuns, SQLStore):
             with self.engine.connect() as conn:
                 check_session_pinned(conn)
             with self.engine.begin() as conn:
-                conn.execute(SCHEMA_LOCK, {"space": SCHEMA_LOCK_SPACE})
-                metadata.create_all(conn)
+                self._lock_schema(conn)
+                versions.prepare(conn)
 
     #: Seconds between two reads of the database's clock by :meth:`now` (the default clock).
     CLOCK_SYNC_S = 30.0
@@ -359,6 +359,9 @@ class PostgresStore(SQLRuns, SQLStore):
             yield conn
 
     _read = _write
+
+    def _lock_schema(self, conn: Connection) -> None:
+        conn.execute(SCHEMA_LOCK, {"space": SCHEMA_LOCK_SPACE})
 
     def _live(self, rows: Sequence[Row[Any]], now: float, conn: Connection) -> set[str]:
         held = {(r.hi, r.lo) for r in conn.execute(HELD_ADVISORY_LOCKS)}

@@ -33,7 +33,7 @@ from ...lifecycle import BeginResult, CallSpec, Lease
 from ..base import new_token, wrap_errors
 from .runs import SQLRuns
 from .queries import renew_ttl_lease
-from .schema import metadata
+from . import versions
 from .store import SQLStore
 
 #: The execution option that marks a read-only transaction (a plain, deferred ``BEGIN``).
@@ -85,7 +85,7 @@ class SQLiteStore(SQLRuns, SQLStore):
         self._reader = engine.execution_options(**{_READ: True})
         self._guard: Any = threading.RLock() if in_memory else nullcontext()
         with self._write() as conn:
-            metadata.create_all(conn)
+            versions.prepare(conn)
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:

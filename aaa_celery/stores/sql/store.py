@@ -47,7 +47,7 @@ from ...lifecycle import (
     plan_release,
 )
 from .._writes import CallWriter, apply
-from ..base import Store, recovery_hold
+from ..base import Store, StoreVersion, recovery_hold
 from ..budgets import admits, check_spend, window_of
 from ..ops import CallRecord, plan_resolve
 from .queries import (
@@ -84,6 +84,7 @@ from .queries import (
     upsert_checkpoint,
     upsert_recovery,
 )
+from . import versions
 from .schema import calls, checkpoints, events, recoveries, results
 
 # -- The store -------------------------------------------------------------------------
@@ -151,6 +152,10 @@ class SQLStore(Store):
     def _live(self, rows: Sequence[Row[Any]], now: float, conn: Connection) -> set[str]:
         """The call ids among ``rows`` whose lease is live."""
 
+    def _lock_schema(self, conn: Connection) -> None:  # noqa: B027 - optional hook
+        """Keep other processes from creating or upgrading the schema until ``conn``'s
+        transaction ends (SQLite: the write transaction's lock already does)."""
+
     def _let_go(self, lease: Lease) -> None:  # noqa: B027 - optional hook
         """Free what the backend holds for ``lease`` outside the tables (after commit)."""
 
@@ -158,6 +163,17 @@ class SQLStore(Store):
         """A connection for one statement that needs no transaction around it (PostgreSQL:
         autocommit, which saves the ``BEGIN`` and ``COMMIT`` round trips)."""
         return self._write()
+
+    # Schema versions (versions.py).
+
+    def schema_version(self) -> StoreVersion:
+        with self._read() as conn:
+            return versions.version(conn)
+
+    def migrate(self) -> StoreVersion:
+        with self._write() as conn:
+            self._lock_schema(conn)
+            return versions.upgrade(conn)
 
     # Steps run inside a write transaction.
 

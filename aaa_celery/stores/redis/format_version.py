@@ -1,0 +1,81 @@
+"""The Redis store's format version: which key layout and payloads a key prefix holds.
+
+The version is kept in the key ``<prefix>:format``. Format ``1`` is the layout of 0.1.0,
+which kept no such key: a prefix with calls or runs but no format key was written by
+0.1.0, and ``migrate`` (:func:`upgrade`) stamps it. A prefix with nothing in it is
+stamped by the first process of this release that uses it (:func:`stamp_if_empty`).
+
+Each later format brings its upgrade step in :data:`UPGRADES`: the step from the format
+before it, run under the prefix's upgrade lock (``<prefix>:format:lock``), after which
+the format key names the new format.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ...errors import StoreUnavailable
+from ..base import StoreVersion, new_token
+
+#: This release's format.
+FORMAT = "1"
+#: The formats this release knows, oldest first.
+FORMATS = ("1",)
+#: The step into each format from the one before it (None: 0.1.0, which kept no key),
+#: given the client and the key prefix.
+UPGRADES: dict[str | None, tuple[str, Callable[[Any, str], None]]] = {
+    None: ("1", lambda client, prefix: None),  # 0.1.0's layout is format 1: only the key is new
+}
+#: How long an upgrade may hold the lock before another process may take it over.
+LOCK_S = 300.0
+
+#: Delete the lock only if this process still holds it.
+_UNLOCK = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+
+def format_key(prefix: str) -> str:
+    return f"{prefix}:format"
+
+
+def holds_data(client: Any, indexes: Sequence[str]) -> bool:
+    """Whether any of the prefix's indexes (every call and run is in one) exists: one
+    pipelined round trip (one per node on a cluster)."""
+    pipe = client.pipeline(transaction=False)
+    for key in indexes:
+        pipe.exists(key)
+    return any(pipe.execute())
+
+
+def version(client: Any, prefix: str, indexes: Sequence[str]) -> StoreVersion:
+    current = client.get(format_key(prefix))
+    empty = current is None and not holds_data(client, indexes)
+    return StoreVersion(current, FORMAT, FORMATS, empty)
+
+
+def stamp_if_empty(client: Any, prefix: str, indexes: Sequence[str]) -> None:
+    """Stamp a prefix with nothing in it as this release's format (a prefix that 0.1.0
+    wrote is left for ``migrate``)."""
+    if version(client, prefix, indexes).empty:
+        client.set(format_key(prefix), FORMAT, nx=True)
+
+
+def upgrade(client: Any, prefix: str, indexes: Sequence[str]) -> StoreVersion:
+    """Run the upgrade steps from the prefix's format to this release's, under the lock."""
+    lock, token = f"{format_key(prefix)}:lock", new_token()
+    deadline = time.monotonic() + LOCK_S
+    while not client.set(lock, token, nx=True, px=round(LOCK_S * 1000)):
+        if time.monotonic() > deadline:
+            raise StoreUnavailable(f"redis store: another process holds {lock} (an upgrade under way)")
+        time.sleep(0.05)
+    try:
+        found = version(client, prefix, indexes)
+        while not found.newer and found.current != FORMAT:
+            target, step = UPGRADES[found.current]
+            step(client, prefix)
+            client.set(format_key(prefix), target)
+            found = version(client, prefix, indexes)
+        return found
+    finally:
+        client.eval(_UNLOCK, 1, lock, token)

@@ -1,0 +1,226 @@
+"""Versioned stores (issue 20 item 4): every backend says which schema it holds; an older
+one (0.1.0 kept no version) is refused until ``migrate`` upgrades it, a newer one is
+refused outright, and ``aaa_store_auto_migrate`` upgrades at worker start under a lock.
+
+A store 0.1.0 really wrote is in ``tests/stores/test_upgrade.py``; here an "0.1.0 store"
+is one of this release with its version taken away (0.1.0's schema is this release's
+first revision, so nothing else differs), and a "pre-0.1.0 store" one whose tables lack
+what later builds added.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from aaa_celery.errors import StoreOutdated
+from aaa_celery.lifecycle import Outcome
+from aaa_celery.stores import Store, open_store
+from aaa_celery.stores.base import check_version
+from aaa_celery.stores.redis import format_version
+from aaa_celery.stores.sql import versions
+
+from .test_conformance import claim, config, new_call
+
+SQL = [pytest.param("sqlite", id="sqlite"), pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres)]
+VERSIONED = [*SQL, pytest.param("redis", id="redis", marks=pytest.mark.redis)]
+
+
+def sql_url(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> str:
+    if backend == "postgresql":
+        return request.getfixturevalue("postgres_url")
+    if backend == "redis":
+        return request.getfixturevalue("redis_url")
+    return f"sqlite:///{tmp_path / 'aaa.sqlite3'}"
+
+
+def forget_version(store: Store) -> None:
+    """Make the store look as 0.1.0 left it: its tables or keys, and no version."""
+    engine = getattr(store, "engine", None)
+    if engine is not None:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP TABLE {versions.VERSION_TABLE}"))
+    else:
+        store._redis.delete(format_version.format_key(store.key_prefix))  # type: ignore[attr-defined]
+
+
+def set_version(store: Store, version: str) -> None:
+    engine = getattr(store, "engine", None)
+    if engine is not None:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"UPDATE {versions.VERSION_TABLE} SET version_num = :v"), {"v": version})
+    else:
+        store._redis.set(format_version.format_key(store.key_prefix), version)  # type: ignore[attr-defined]
+
+
+def as_0_1_0_left_it(url: str):
+    """A store at ``url`` with a finished call and no version; returns the call."""
+    with open_store(url) as old:
+        call = finished_call(old)
+        forget_version(old)
+    return call
+
+
+def finished_call(store: Store):
+    call = new_call()
+    lease = claim(store, call, "w1", config()).lease
+    store.finish(lease, Outcome.success({"kept": True}), config())
+    return call
+
+
+def test_the_revisions_named_in_versions_py_are_the_shipped_ones():
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(versions.alembic_config())
+    assert tuple(reversed([r.revision for r in script.walk_revisions()])) == versions.REVISIONS
+    assert script.get_current_head() == versions.head()
+
+
+def test_a_new_store_is_at_this_releases_version(store):
+    version = store.schema_version()
+    assert (version.outdated, version.newer) == (False, False)
+    assert version.current == version.latest
+    assert check_version(store, auto_migrate=False) == version
+    assert store.migrate() == version  # nothing to do, and it says so
+
+
+@pytest.mark.parametrize("backend", VERSIONED)
+def test_a_store_0_1_0_left_is_refused_until_migrate_upgrades_it(request, backend, tmp_path):
+    url = sql_url(request, backend, tmp_path)
+    call = as_0_1_0_left_it(url)
+
+    with open_store(url) as store:
+        version = store.schema_version()
+        assert (version.current, version.outdated, version.empty) == (None, True, False)
+        with pytest.raises(StoreOutdated) as refused:
+            check_version(store, auto_migrate=False, command="celery -A proj aaa migrate")
+        assert "`celery -A proj aaa migrate`" in str(refused.value)
+        assert "0.1.0 (unversioned)" in str(refused.value) and "aaa_store_auto_migrate=True" in str(refused.value)
+
+        upgraded = store.migrate()
+        assert (upgraded.current, upgraded.outdated) == (upgraded.latest, False)
+        assert store.migrate() == upgraded  # again: nothing to do
+        assert check_version(store, auto_migrate=False) == upgraded
+        assert store.result(call.call_id) == Outcome.success({"kept": True}, 1)
+
+
+@pytest.mark.parametrize("backend", VERSIONED)
+def test_auto_migrate_upgrades_an_older_store_once_among_racing_workers(request, backend, tmp_path):
+    url = sql_url(request, backend, tmp_path)
+    call = as_0_1_0_left_it(url)
+    stores = [open_store(url) for _ in range(4)]
+    got, errors = [], []
+
+    def start(store: Store) -> None:
+        try:
+            got.append(check_version(store, auto_migrate=True))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=start, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    try:
+        assert not errors, errors
+        assert {(v.current, v.outdated) for v in got} == {(got[0].latest, False)}
+        assert stores[0].result(call.call_id) == Outcome.success({"kept": True}, 1)
+    finally:
+        for s in stores:
+            s.close()
+
+
+@pytest.mark.parametrize("backend", VERSIONED)
+def test_a_store_a_newer_release_upgraded_is_refused(request, backend, tmp_path):
+    url = sql_url(request, backend, tmp_path)
+    with open_store(url) as store:
+        finished_call(store)
+        set_version(store, "9999")
+        version = store.schema_version()
+        assert (version.newer, version.outdated) == (True, False)
+        for auto in (False, True):
+            with pytest.raises(StoreOutdated, match="newer release of aaa_celery"):
+                check_version(store, auto_migrate=auto)
+        assert store.migrate().current == "9999"  # never written over
+
+
+def _revision_0001():
+    path = Path(versions.__file__).parent / "migrations" / "versions" / "0001_v0_1_0.py"
+    spec = importlib.util.spec_from_file_location("aaa_revision_0001", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("backend", SQL)
+def test_migrate_brings_a_pre_0_1_0_database_to_the_0_1_0_schema(request, backend, tmp_path):
+    """``create_all`` never altered a table: a database made before fc9a97d lacked the
+    ``handed_on``/``handed`` columns for good (and one made earlier, whole tables)."""
+    url = sql_url(request, backend, tmp_path)
+    meta = _revision_0001().tables()
+    calls = meta.tables["aaa_calls"]
+    for name in ("handed_on", "handed"):
+        calls._columns.remove(calls.c[name])
+    meta.remove(meta.tables["aaa_checkpoints"])
+    engine = sa.create_engine(sa.make_url(url).set(drivername="postgresql+psycopg") if backend == "postgresql"
+                              else url)
+    meta.create_all(engine)
+    spec = {"call_id": "old-1", "name": "refund", "idempotency_key": "k", "request": {}}
+    with engine.begin() as conn:
+        conn.execute(calls.insert().values(call_id="old-1", spec=spec, attempts=0, registered_at=1.0,
+                                           recovery_until=0.0))
+    engine.dispose()
+
+    with open_store(url) as store:
+        assert store.schema_version().outdated
+        store.migrate()
+        found = sa.inspect(store.engine)  # type: ignore[attr-defined]
+        assert {"handed_on", "handed"} <= {c["name"] for c in found.get_columns("aaa_calls")}
+        assert found.has_table("aaa_checkpoints")
+        # the old row works: claimed, handed on, claimed again, checkpointed
+        from aaa_celery.lifecycle import CallSpec
+
+        call = CallSpec(**spec)
+        lease = claim(store, call, "w1", config()).lease
+        store.hand_on(lease)
+        again = claim(store, call, "w2", config()).lease
+        assert again.attempt == 2
+        from aaa_celery.lifecycle import checkpoint_json
+
+        assert store.save_checkpoint(again, checkpoint_json(2, {"page": 1}))
+
+
+@pytest.mark.redis
+def test_a_fresh_redis_prefix_is_stamped_at_first_use_and_0_1_0_data_is_not(redis_url):
+    with open_store(redis_url, key_prefix="fresh") as store:
+        store.register(new_call())
+        assert store._redis.get("fresh:format") == format_version.FORMAT  # type: ignore[attr-defined]
+        store._redis.delete("fresh:format")  # type: ignore[attr-defined]
+    with open_store(redis_url, key_prefix="fresh") as store:  # a new process on 0.1.0's keys
+        store.register(new_call())
+        assert store._redis.get("fresh:format") is None  # type: ignore[attr-defined]
+        assert store.schema_version().outdated
+
+
+@pytest.mark.fleet
+@pytest.mark.parametrize("auto", [False, True])
+def test_a_worker_refuses_an_older_store_naming_the_command_unless_auto_migrate(tmp_path, auto, redis_url):
+    from ..worker.test_setting_checks import SETTINGS_APP, outcome, start
+
+    url = f"sqlite:///{tmp_path / 'aaa.sqlite3'}"
+    as_0_1_0_left_it(url)
+    conf = {"aaa_store_url": url, **({"aaa_store_auto_migrate": True} if auto else {})}
+    worker = start(tmp_path, SETTINGS_APP, {"AAA_SETTINGS_BROKER": redis_url, "AAA_SETTINGS_CONF": json.dumps(conf)},
+                   pool="solo")
+    assert outcome(worker) == ("ready" if auto else "refused"), worker.log[-3000:]
+    with open_store(url) as store:
+        assert store.schema_version().outdated is not auto
+    if not auto:
+        assert worker.proc.returncode != 0
+        assert "celery -A settings_app aaa migrate" in worker.log, worker.log[-3000:]
