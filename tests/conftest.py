@@ -176,3 +176,12 @@ def postgres_url(postgres_server: PostgresServer) -> str:
     """The session server's URL, with no aaa_* tables and no other sessions left."""
     clean_postgres(postgres_server.url)
     return postgres_server.url
+
+
+@pytest.fixture(scope="session")
+def old_release(tmp_path_factory: pytest.TempPathFactory):
+    """The previous release (0.1.0), built from git history into a venv of its own
+    (``tests/old_release.py``), once per session."""
+    from .old_release import build
+
+    return build(tmp_path_factory.mktemp("aaa-0.1.0"))
