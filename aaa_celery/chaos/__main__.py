@@ -49,6 +49,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the JSON report here")
     p.add_argument("--plot", help="write a PNG timeline here (needs matplotlib)")
     p.add_argument("--workdir", help="worker logs go here (default: a temp directory)")
+    p.add_argument("--old-python", help="a Python with another release of aaa_celery installed: every other "
+                                        "worker runs it (a mixed-version fleet; the store is migrated first)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--strict", action="store_true", help="a baseline run with violations exits 1 too")
     p.add_argument("--compare", nargs="+", metavar="REPORT.json", help="print saved reports side by side and exit")
@@ -67,6 +69,7 @@ def config_from(args: argparse.Namespace) -> ChaosConfig:
         keyed_share=args.keyed_share, finish_share=args.finish_share, min_s=args.min_duration, max_s=args.max_duration, drain_s=args.drain,
         visibility_timeout=args.visibility_timeout, restore_s=args.restore_interval,
         unclaimed_grace_s=args.unclaimed_grace, kinds=kinds, progress=not args.quiet, workdir=args.workdir,
+        old_python=args.old_python,
     )
 
 

@@ -87,6 +87,10 @@ class ChaosConfig:
     kinds: tuple[str, ...] = ()
     progress: bool = True
     workdir: str | None = None
+    #: The interpreter of another release of aaa_celery (a venv where it is installed): every
+    #: other worker (slots 1, 3, ...) runs it, for a mixed-version fleet during a rolling
+    #: deploy. The store is migrated first (docs/upgrading.md).
+    old_python: str | None = None
 
     @property
     def heartbeat_s(self) -> float:
@@ -326,9 +330,10 @@ class ChaosRun:
     def _start_worker(self, slot: int) -> WorkerProcess:
         gen = self.generation[slot]
         self.generation[slot] += 1
-        w = WorkerProcess("aaa_celery.chaos.app", hostname=f"w{slot + 1}.{gen}@chaos", pool="prefork",
-                          concurrency=self.config.concurrency, env=self._slot_env(slot), workdir=self.workdir / "workers",
-                          loglevel="WARNING")
+        old = self.config.old_python if slot % 2 else None
+        w = WorkerProcess("aaa_celery.chaos.app", hostname=f"w{slot + 1}.{gen}{'-old' if old else ''}@chaos",
+                          pool="prefork", concurrency=self.config.concurrency, env=self._slot_env(slot),
+                          workdir=self.workdir / "workers", loglevel="WARNING", python=old)
         w.start()
         self.everyone.append(w)
         self.lanes[w.pid] = Lane(w.hostname, slot, w.pid, self._now())
@@ -391,6 +396,8 @@ class ChaosRun:
                 from ..worker.stores import app_store
 
                 self.store = app_store(self.app)
+                if c.old_python:  # the rolling deploy's first step: the store at this release's schema
+                    self.store.migrate()
             mode = "baseline (plain Celery acks_late)" if c.baseline else "guard"
             self.say(f"chaos {mode}: {c.calls} calls, {c.workers} workers x {c.concurrency}, "
                      f"{c.faults} faults, seed {c.seed}, ttl {c.ttl_s} s, workdir {self.workdir}")

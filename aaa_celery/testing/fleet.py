@@ -59,6 +59,10 @@ class WorkerProcess:
             at start-up and nothing the guard needs).
         extra_args: more ``celery worker`` arguments.
         cwd: the working directory (the import root of ``app``).
+        python: the interpreter to run (default: this one), e.g. a venv of another release
+            of aaa_celery for a mixed-version fleet. The worker then imports everything,
+            ``app`` too, from that interpreter's own packages: neither this process's
+            ``PYTHONPATH`` nor ``cwd`` is put on its path.
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class WorkerProcess:
         fast_start: bool = True,
         extra_args: Sequence[str] = (),
         cwd: str | Path | None = None,
+        python: str | Path | None = None,
     ) -> None:
         self.app, self.hostname, self.pool = app, hostname, pool
         self.concurrency = concurrency
@@ -86,6 +91,7 @@ class WorkerProcess:
         self.fast_start = fast_start
         self.extra_args = list(extra_args)
         self.cwd = Path(cwd) if cwd else Path.cwd()
+        self.python = str(python) if python else None
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in hostname)
         self.log_path = self.workdir / f"{safe}.log"
         self.ready_path = self.workdir / f"{safe}.ready"
@@ -95,7 +101,7 @@ class WorkerProcess:
 
     def command(self) -> list[str]:
         """The command line this worker runs: ``celery``'s arguments, through the launcher."""
-        cmd = [sys.executable, "-m", LAUNCHER, "-A", self.app, "worker", "-P", self.pool,
+        cmd = [self.python or sys.executable, "-m", LAUNCHER, "-A", self.app, "worker", "-P", self.pool,
                "-c", str(self.concurrency), "-n", self.hostname, "--loglevel", self.loglevel]
         if self.queues:
             cmd += ["-Q", ",".join(self.queues)]
@@ -111,7 +117,11 @@ class WorkerProcess:
             self.ready_path.unlink()
         env = {**os.environ, **self.env, READY_FILE_ENV: str(self.ready_path)}
         root = str(self.cwd)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        if self.python is None:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        else:  # another installation: its own packages only (python -m puts cwd first: a neutral one)
+            env.pop("PYTHONPATH", None)
+            root = str(self.workdir)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
