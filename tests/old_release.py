@@ -43,6 +43,9 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def build(where: Path, commit: str = RELEASE_0_1_0) -> OldRelease:
     tree, venv = where / "tree", where / "venv"
+    found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
+    assert found.returncode == 0, (f"commit {commit} (0.1.0) is not in this checkout's history: the upgrade "
+                                   "and mixed-fleet tests build it from there (clone without --depth)")
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), commit], check=True,
                    capture_output=True, text=True)
     try:

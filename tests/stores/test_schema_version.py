@@ -209,6 +209,7 @@ def test_a_fresh_redis_prefix_is_stamped_at_first_use_and_0_1_0_data_is_not(redi
 
 
 @pytest.mark.fleet
+@pytest.mark.redis
 @pytest.mark.parametrize("auto", [False, True])
 def test_a_worker_refuses_an_older_store_naming_the_command_unless_auto_migrate(tmp_path, auto, redis_url):
     from ..worker.test_setting_checks import SETTINGS_APP, outcome, start
