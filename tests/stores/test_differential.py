@@ -337,44 +337,29 @@ class Backends(RuleBasedStateMachine):
     def run_key(self, n: int) -> str:
         return self.runs[n % len(self.runs)].key if self.runs else "acme:run-unknown"
 
-    def known_run(self) -> bool:
-        """Whether a run's record exists (memory's: the others agree, or the invariant failed).
-        Writes to a run's events, turns, decisions and lease go to a known run only: on an
-        unknown key the memory store drops them where the SQL and Redis stores keep them
-        (only the run's holder writes them, after its put_run)."""
-        return any(self.backends[0].store.get_run(r.key) is not None for r in self.runs)
-
-    def known_key(self, n: int) -> str:
-        known = [r.key for r in self.runs if self.backends[0].store.get_run(r.key) is not None]
-        return known[n % len(known)]
-
-    @precondition(lambda self: self.known_run())
     @rule(n=st.integers(0, 2), first=st.integers(1, 4), count=st.integers(1, 2))
     def append_run_events(self, n: int, first: int, count: int) -> None:
-        key = self.known_key(n)
+        key = self.run_key(n)
         events = [{"seq": seq, "type": "aaa.run.step", "data": {"n": seq}} for seq in range(first, first + count)]
         self.each(lambda s: s.append_run_events(key, events))
 
-    @precondition(lambda self: self.known_run())
     @rule(n=st.integers(0, 2), turn=st.integers(1, 2), text=st.sampled_from(["a", "b"]))
     def record_turn(self, n: int, turn: int, text: str) -> None:
-        key = self.known_key(n)
+        key = self.run_key(n)
         self.each(lambda s: s.record_turn(key, turn, {"text": text}))
 
-    @precondition(lambda self: self.known_run())
     @rule(n=st.integers(0, 2), grant=st.booleans())
     def decide(self, n: int, grant: bool) -> None:
-        key = self.known_key(n)
+        key = self.run_key(n)
         cid, digest = f"{key}:1.0.c", "d" * 64
         if (cid, digest) not in self.approvals:
             self.approvals.append((cid, digest))
         self.each(lambda s: s.decide_approval(key, cid, digest, {"granted": grant, "by": "ops"}))
 
-    @precondition(lambda self: self.known_run())
     @rule(n=st.integers(0, 2), holder=st.sampled_from(WORKERS), ttl=st.sampled_from([5.0, 60.0]),
           how=st.sampled_from(["lease", "release", "forget"]))
     def run_lease(self, n: int, holder: str, ttl: float, how: str) -> None:
-        key = self.known_key(n)
+        key = self.run_key(n)
         if how == "lease":
             self.each(lambda s: s.lease_run(key, holder, self.duration(ttl)))
         elif how == "release":

@@ -182,3 +182,23 @@ def test_a_long_listing_pages_through_every_run(store_factory, backend, store_ur
     finally:
         if backend.startswith("redis"):
             store.close()
+
+
+def test_writes_to_an_unknown_run_leave_nothing(store_factory):
+    """Issue 20: the differential test found the memory store dropping the turns and events
+    of a run it has no record of (never put, or forgotten) while the SQL stores kept them
+    (Redis kept the turns): a forgotten run's late writer left rows nobody reads or purges."""
+    store = store_factory()
+    key = new_run().key  # never put
+    assert store.record_turn(key, 1, {"text": "a"}) == {"text": "a"}
+    store.append_run_events(key, [event(1)])
+    assert not store.decide_approval(key, "c1", "d" * 64, {"granted": True})
+    assert store.recorded_turn(key, 1) is None
+    assert store.run_events(key) == []
+    assert store.approval_decision(key, "c1", "d" * 64) is None
+    run = new_run()
+    store.put_run(run)
+    store.forget_run(run.key)  # forgotten: the same
+    assert store.record_turn(run.key, 1, {"text": "b"}) == {"text": "b"}
+    store.append_run_events(run.key, [event(1)])
+    assert store.recorded_turn(run.key, 1) is None and store.run_events(run.key) == []

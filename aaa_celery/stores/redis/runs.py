@@ -170,17 +170,8 @@ class RedisRuns(RunRecords, RunJournal):
         return [json.loads(e) for e in raw]
 
     def record_turn(self, key: str, turn: int, response: dict[str, Any]) -> dict[str, Any]:
-        key = self._run_key(key, "turns")
-
-        def fill(pipe: Any) -> None:
-            pipe.hsetnx(key, str(turn), dumps(response))
-            pipe.hget(key, str(turn))
-            pipe.ttl(self._run_key(key))
-
-        _, raw, ttl = self._pipe(fill)
-        if ttl and ttl > 0:
-            self._pipe(lambda pipe: pipe.expire(key, ttl))
-        return json.loads(raw)  # type: ignore[no-any-return]
+        raw = self._run_script("run_turn", [self._run_key(key, "turns"), self._run_key(key)], [turn, dumps(response)])
+        return response if raw is None else json.loads(raw)  # type: ignore[no-any-return]
 
     def recorded_turn(self, key: str, turn: int) -> dict[str, Any] | None:
         raw = self._pipe(lambda pipe: pipe.hget(self._run_key(key, "turns"), str(turn)))[0]

@@ -68,6 +68,8 @@ class SQLRuns(RunRecords, RunJournal):
         if not events:
             return
         with self._write() as conn:
+            if not _known(conn, key):
+                return
             count = conn.execute(sa.select(sa.func.count()).where(run_events.c.run_key == key)).scalar_one()
             rows = []
             for event in events:
@@ -87,6 +89,8 @@ class SQLRuns(RunRecords, RunJournal):
 
     def record_turn(self, key: str, turn: int, response: dict[str, Any]) -> dict[str, Any]:
         with self._write() as conn:
+            if not _known(conn, key):
+                return response
             conn.execute(self.insert(run_turns).values(run_key=key, turn=turn, response=response)
                          .on_conflict_do_nothing(index_elements=["run_key", "turn"]))
             kept: dict[str, Any] = conn.execute(sa.select(run_turns.c.response).where(
@@ -101,7 +105,7 @@ class SQLRuns(RunRecords, RunJournal):
 
     def decide_approval(self, key: str, call_id: str, digest: str, decision: dict[str, Any]) -> bool:
         with self._write() as conn:
-            if conn.execute(sa.select(runs.c.run_key).where(runs.c.run_key == key)).first() is None:
+            if not _known(conn, key):
                 return False
             done = conn.execute(self.insert(run_decisions)
                                 .values(run_key=key, call_id=call_id, digest=digest, decision=decision)
@@ -150,3 +154,8 @@ class SQLRuns(RunRecords, RunJournal):
             purged += len(ids)
             if len(ids) < _PURGE_PAGE:
                 return purged
+
+
+def _known(conn: Connection, key: str) -> bool:
+    """Whether the run has a record: its events, turns and decisions are kept only then."""
+    return conn.execute(sa.select(runs.c.run_key).where(runs.c.run_key == key)).first() is not None
