@@ -171,7 +171,8 @@ class RedisRuns(RunRecords, RunJournal):
 
     def record_turn(self, key: str, turn: int, response: dict[str, Any]) -> dict[str, Any]:
         raw = self._run_script("run_turn", [self._run_key(key, "turns"), self._run_key(key)], [turn, dumps(response)])
-        return response if raw is None else json.loads(raw)  # type: ignore[no-any-return]
+        recorded: dict[str, Any] = response if raw is None else json.loads(raw)
+        return recorded
 
     def recorded_turn(self, key: str, turn: int) -> dict[str, Any] | None:
         raw = self._pipe(lambda pipe: pipe.hget(self._run_key(key, "turns"), str(turn)))[0]
