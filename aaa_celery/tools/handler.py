@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any, ClassVar, cast
 
 from celery import Celery, Signature
@@ -26,6 +27,12 @@ from .tool import Tool
 __all__ = ["ToolHandler", "ToolTask", "ToolTaskHandle", "store_of", "use_store"]
 
 
+#: ``.sending``: the arguments of the send in progress on this thread, as sent, with their
+#: check (the call's registration at publish time asks for its key); ``.delivery``: the call
+#: id, arguments and check of the delivery this thread runs (ToolTask.checked).
+_memo = threading.local()
+
+
 class ToolTask(GuardedTask):
     """The guarded task of one tool. Its message is ``kwargs={"arguments": {...}}``.
 
@@ -47,10 +54,30 @@ class ToolTask(GuardedTask):
         sealer = sealer_for(self.app) if tool.secrets else None  # cryptography only for secret tools
         return unseal(tool.name, {} if arguments is None else arguments, tool.secrets, sealer, clear)
 
+    def checked(self, args: tuple[Any, ...], kwargs: dict[str, Any], clear: bool = True) -> CheckedArgs:
+        """The delivery's arguments checked (:meth:`Tool.check`), once per delivery: the policy's
+        rules, the idempotency key and the body each ask, and get the value the first one
+        checked (kept on the request, for these very arguments; ``clear``: secrets unsealed)."""
+        tool, req = type(self).tool, self.request
+        clear = clear or not tool.secrets  # only a secret can arrive in clear
+        if req.called_directly:  # a send's registration, or a direct call
+            sent = getattr(_memo, "sending", None)
+            if clear and sent is not None and sent[0] == tuple(args) and sent[1] == kwargs:
+                return sent[2]  # type: ignore[no-any-return]
+            return tool.check(self._raw(args, kwargs, clear), type(self).policy)
+        # The same call id, arguments and policy give the same check: a memo can only be right.
+        memo = getattr(_memo, "delivery", None)
+        if memo is not None and memo[0] == (req.id, clear, type(self)) and memo[1] == tuple(args) \
+                and memo[2] == kwargs:
+            return memo[3]  # type: ignore[no-any-return]
+        checked = tool.check(self._raw(args, kwargs, clear), type(self).policy)
+        _memo.delivery = ((req.id, clear, type(self)), tuple(args), dict(kwargs), checked)
+        return checked
+
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """What the idempotency key function gets: the validated, canonical arguments, with
         secrets redacted (so no key can carry one)."""
-        return type(self).tool.check(self._raw(args, kwargs, True), type(self).policy).shown
+        return self.checked(args, kwargs).shown
 
     def key_for(self, call_id: str, headers: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         try:
@@ -99,15 +126,20 @@ class ToolTask(GuardedTask):
         else:
             kwargs["arguments"] = sent
             options["kwargsrepr"] = saferepr({"arguments": checked.shown}, amqp.kwargsrepr_maxsize)
-        return super().apply_async(args, kwargs, task_id, *more, **options)
+        _memo.sending = (tuple(args), dict(kwargs), checked)
+        try:
+            return super().apply_async(args, kwargs, task_id, *more, **options)
+        finally:
+            _memo.sending = None
 
     def body(self, args: tuple[Any, ...], kwargs: dict[str, Any], ctx: ToolContext) -> Any:
         tool, policy = type(self).tool, type(self).policy
-        arguments = self._raw(args, kwargs, not ctx.guarded)
         if tool.name in policy.denied_tools:
+            self._raw(args, kwargs, not ctx.guarded)  # a malformed message says so first
             raise ToolArgsError(f"{tool.name}: this tool is denied by the handler's guard policy")
+        checked = self.checked(args, kwargs, not ctx.guarded)
         ctx.engine = type(self).engine
-        return tool.invoke(arguments, ctx, policy)
+        return tool.invoke_checked(checked, ctx)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not self.request.called_directly:

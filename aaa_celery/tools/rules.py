@@ -32,9 +32,8 @@ def _polices(policy: Any) -> bool:
 
 def _validated(task: Any, args: Any, kwargs: Any) -> dict[str, Any] | None:
     """The delivery's arguments, checked and canonical (secrets unsealed), or None."""
-    tool = type(task).tool
     try:
-        return tool.check(task._raw(args, kwargs, True), type(task).policy).canonical  # type: ignore[no-any-return]
+        return task.checked(args, kwargs).canonical  # type: ignore[no-any-return]
     except ToolArgsError:
         return None
 

@@ -172,7 +172,12 @@ class Tool(Generic[P, R]):
 
     def invoke(self, arguments: dict[str, Any], ctx: ToolContext, policy: GuardPolicy | None = None) -> Any:
         """Call the function with validated arguments (a coroutine for an async tool)."""
-        kwargs = self.validate_args(arguments, policy)
+        return self.invoke_checked(self.check(arguments, policy), ctx)
+
+    def invoke_checked(self, checked: CheckedArgs, ctx: ToolContext) -> Any:
+        """Call the function with arguments :meth:`check` passed already (a worker checks a
+        delivery's arguments once, for its policy, its key and its body)."""
+        kwargs = dict(checked.values)
         if self.context_param is not None:
             kwargs[self.context_param] = ctx
         return cast(Callable[..., Any], self.fn)(**kwargs)
