@@ -368,3 +368,23 @@ def test_leases_on_a_terminated_lease_session_all_lapse_and_the_next_claim_opens
     assert a.lease_backend_pid(third) != a.lease_backend_pid(leases[0])
     assert a.renew(third) is True
     assert claim(a, second, "A", cfg).attempt == 2
+
+
+def test_register_right_after_its_pooled_connection_was_terminated_still_registers(stores, postgres_url):
+    # A pooled connection is pinged only after PING_IDLE_S unused; one that died since its
+    # last use fails the insert, which register retries on a new connection: a call sent
+    # unregistered could not be recovered if its message were lost.
+    store, first, second = stores(), new_call(), new_call()
+    store.register(first)
+    psycopg = pytest.importorskip("psycopg")
+    url = "postgresql://" + postgres_url.partition("://")[2]
+    with psycopg.connect(url, autocommit=True, application_name="killer") as con:
+        pids = [r[0] for r in con.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'aaa_celery'").fetchall()]
+        assert pids
+        for pid in pids:
+            con.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        while con.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (pids,)).fetchone()[0]:
+            time.sleep(0.01)
+    store.register(second)
+    assert {c.call_id for c in store.expired(unclaimed_grace_s=0)} >= {first.call_id, second.call_id}

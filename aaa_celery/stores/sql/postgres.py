@@ -51,13 +51,13 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy import exc
+from sqlalchemy import event, exc
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Row
 
 from ...config import GuardConfig
 from ...errors import ConfigError, StoreUnavailable, UnsafeDeployment
-from ...lifecycle import BeginResult, CallSpec, Claimed, Lease
+from ...lifecycle import BeginResult, CallSpec, Claimed, Lease, Writes
 from ..base import new_token, wrap_errors
 from .runs import SQLRuns
 from . import versions
@@ -275,6 +275,28 @@ class _LeaseSession:
             self._drop()
 
 
+def ping_if_idle(engine: sa.Engine, idle_s: float) -> None:
+    """Ping a pooled connection before handing it out only if it sat unused over ``idle_s``,
+    and replace it if the ping fails (SQLAlchemy's ``pool_pre_ping`` pings every checkout:
+    a round trip more on every operation). A connection in steady use is not pinged; one
+    that died while in use, or within ``idle_s`` of its last use, fails its operation with
+    :class:`~aaa_celery.errors.StoreUnavailable`, which the guard retries, and the pool
+    then drops every connection opened before it."""
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        since = record.info.get("idle_since")
+        if since is not None and time.monotonic() - since > idle_s:
+            try:
+                engine.dialect.do_ping(dbapi_connection)
+            except Exception as e:  # any failure: the pool opens another connection
+                raise exc.DisconnectionError(str(e)) from e
+
+
 def _engine_url(url: str) -> sa.URL:
     return sa.make_url(url).set(drivername="postgresql+psycopg")
 
@@ -319,9 +341,10 @@ class PostgresStore(SQLRuns, SQLStore):
         if idle_session_timeout_s is not None:
             timeout_ms = int(idle_session_timeout_s * 1000)
             args["options"] = f"{args.get('options', '')} -c idle_session_timeout={timeout_ms}".strip()
-        options = {"pool_pre_ping": True, "pool_size": 5, "max_overflow": -1, **(engine_options or {})}
+        options = {"pool_size": 5, "max_overflow": -1, **(engine_options or {})}
         self._clock_base: tuple[float, float] | None = None
         super().__init__(sa.create_engine(_engine_url(url), connect_args=args, **options), clock or self._db_clock)
+        ping_if_idle(self.engine, self.PING_IDLE_S)
         self._session = _LeaseSession(self.engine)
         with wrap_errors(self.kind, *_DRIVER_ERRORS):
             with self.engine.connect() as conn:
@@ -329,6 +352,9 @@ class PostgresStore(SQLRuns, SQLStore):
             with self.engine.begin() as conn:
                 self._lock_schema(conn)
                 versions.prepare(conn)
+
+    #: A pooled connection unused for this many seconds is pinged before it is handed out.
+    PING_IDLE_S = 1.0
 
     #: Seconds between two reads of the database's clock by :meth:`now` (the default clock).
     CLOCK_SYNC_S = 30.0
@@ -374,6 +400,31 @@ class PostgresStore(SQLRuns, SQLStore):
     def _autocommit(self) -> Iterator[Connection]:
         with wrap_errors(self.kind, *_DRIVER_ERRORS), self.engine.connect() as conn:
             yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    def _apply(self, conn: Connection, writes: Writes, call_id: str, now: float) -> Any:
+        """Send the writes and the ``COMMIT`` in one round trip (a psycopg pipeline): none of
+        them returns anything the store reads. A connection whose pipeline failed is dropped,
+        never handed out again in an aborted state."""
+        try:
+            with conn.connection.driver_connection.pipeline():  # type: ignore[union-attr]
+                reply = super()._apply(conn, writes, call_id, now)
+                conn.commit()
+        except BaseException:
+            conn.invalidate()
+            raise
+        return reply
+
+    def register(self, call: CallSpec) -> None:
+        """Register the call (see :meth:`SQLStore.register`); a pooled connection that turns out
+        dead (pinged only after :attr:`PING_IDLE_S` unused) is retried once on a new one: the
+        insert is idempotent, and a call sent unregistered could not be recovered if its
+        message were lost."""
+        try:
+            super().register(call)
+        except StoreUnavailable as e:
+            if not getattr(e.__cause__, "connection_invalidated", False):
+                raise
+            super().register(call)  # the pool dropped the connections opened before the failure
 
     def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
         key = lock_key(call.call_id)

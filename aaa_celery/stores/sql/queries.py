@@ -128,7 +128,8 @@ def insert_event_if_absent(insert: Insert, event: Event) -> sa.Executable:
         "data": event.data,
         "at": event.at,
     }
-    return insert(events).values(**row).on_conflict_do_nothing(index_elements=["event_id"])
+    # inline(): no RETURNING of the new id, which nobody reads (and a pipelined write cannot)
+    return insert(events).inline().values(**row).on_conflict_do_nothing(index_elements=["event_id"])
 
 
 def select_event_data(event_id: str) -> sa.Select[Any]:

@@ -177,6 +177,11 @@ class SQLStore(Store):
 
     # Steps run inside a write transaction.
 
+    def _apply(self, conn: Connection, writes: Writes, call_id: str, now: float) -> Any:
+        """Make ``writes`` on the locked call and return their reply; the last step of an
+        operation's transaction (a backend may commit it here, with the writes)."""
+        return apply(writes, _Writer(self.insert, conn, call_id, now))
+
     def _lock_call(
         self, conn: Connection, spec: CallSpec, now: float, *extra: sa.ColumnElement[Any]
     ) -> tuple[Row[Any], CallSpec]:
@@ -231,7 +236,7 @@ class SQLStore(Store):
             # this claim's own (a lost reply whose session lives on): wait for it to end.
             state = replace(state, token="")
         writes = plan_begin(state, spec, worker, config, token, now if self.ttl_leases else None)
-        begun: BeginResult = apply(writes, _Writer(self.insert, conn, row.call_id, now))
+        begun: BeginResult = self._apply(conn, writes, row.call_id, now)
         return begun
 
     # The Store interface.
@@ -249,7 +254,7 @@ class SQLStore(Store):
                 # it is current and the decision still holds when written: the insert of an
                 # accepted result cannot meet another result.
                 writes = plan_finish(self._state(conn, row, False, cause=False), spec, lease, outcome, config)
-                result: FinishResult = apply(writes, _Writer(self.insert, conn, lease.call_id, now))
+                result: FinishResult = self._apply(conn, writes, lease.call_id, now)
         except StoreUnavailable:
             raise
         except BaseException:
@@ -261,7 +266,7 @@ class SQLStore(Store):
     def release(self, lease: Lease) -> None:
         try:
             with self._write() as conn:
-                apply(plan_release(lease), _Writer(self.insert, conn, lease.call_id, self.now()))
+                self._apply(conn, plan_release(lease), lease.call_id, self.now())
         finally:
             self._let_go(lease)
 
@@ -281,7 +286,7 @@ class SQLStore(Store):
                     return
                 now = self.now()
                 writes = plan(row, lambda: row.call_id in self._live([row], now, conn))
-                apply(writes, _Writer(self.insert, conn, lease.call_id, now))
+                self._apply(conn, writes, lease.call_id, now)
         finally:
             self._let_go(lease)
 
@@ -348,7 +353,7 @@ class SQLStore(Store):
                 row, spec = self._lock_call(conn, call, now)
             live = kind == "abandon" and row.call_id in self._live([row], now, conn)
             writes = plan_record(kind, self._state(conn, row, live), spec, outcome)
-            recorded: bool = apply(writes, _Writer(self.insert, conn, call.call_id, now))
+            recorded: bool = self._apply(conn, writes, call.call_id, now)
             return recorded
 
     def _unheld(self, conn: Connection, call_id: str, now: float) -> Row[Any] | None:
