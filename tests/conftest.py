@@ -11,7 +11,7 @@ when ``CI=true``: CI must never pass by skipping. ``AAA_TEST_REDIS_URL`` and
 ``AAA_TEST_POSTGRES_URL`` point the fixtures at a server you run yourself (its db is
 flushed and its aaa_* tables dropped, so give the tests their own).
 
-Run-wide rules (tests/unit/test_run_rules.py checks them):
+Run-wide rules (tests/project/test_run_rules.py checks them):
 - under ``CI=true`` a test or a test module that skips for a missing Python module
   (``pytest.importorskip``) fails: a test dependency missing from pyproject's ``[dev]``
   must not hide behind a skip;

@@ -329,7 +329,7 @@ for _name in dir(Store):  # its own verbs and the inherited ones (the run record
         setattr(MeteredStore, _name, _delegate(_name))
 # Set after the class statement, these verbs are invisible to mypy, which takes MeteredStore
 # for abstract: hence [type-abstract] here and [abstract] in meter_store. At run time none is
-# left abstract (tests/unit/test_metered_store.py checks it).
+# left abstract (tests/worker/test_metered_store.py checks it).
 abc.update_abstractmethods(MeteredStore)  # type: ignore[type-abstract]
 
 

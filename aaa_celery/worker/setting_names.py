@@ -4,7 +4,7 @@
 start refuse an ``aaa_*`` name that is not in it, naming the closest known one, so a
 mistyped ``aaa_store_ulr`` cannot leave the guard on the broker's Redis unnoticed. Add a
 new setting to the table where you add the code that reads it:
-``tests/unit/test_setting_names.py`` finds every ``aaa_*`` name the package reads and fails
+``tests/worker/test_setting_names.py`` finds every ``aaa_*`` name the package reads and fails
 for one missing here.
 
 A name is judged as Celery reads it: with ``config_from_object(..., namespace='CELERY')``

@@ -35,7 +35,7 @@ def test_countdown_is_kept_while_recovery_runs(compat, protocol):
     """Also for ``task_protocol=1``, whose message keeps ``eta`` in its body, not in a header
     (recovery reads it from either). On 4156db8 the guarded worker refused a protocol 1
     message outright; with only that fixed, this test passes too (the worker holds the eta
-    message in kombu's unacked, so recovery leaves it alone; tests/unit/test_publish_times.py
+    message in kombu's unacked, so recovery leaves it alone; tests/worker/test_publish_times.py
     shows the body read)."""
     compat.app.conf.task_protocol = protocol
     try:

@@ -91,7 +91,7 @@ def test_the_link_check_sees_a_broken_link(tmp_path):
     page.write_text("[ok](page.md) [url](https://example.com) ![pic](gone.png) [x](docs/gone.md#a)\n"
                     "```\n[in code](not-checked.md)\n```\n")
     assert broken_links(page) == ["gone.png", "docs/gone.md#a"]
-    page.write_text("`tests/unit/test_docs_site.py::test_x`, `aaa_celery/gone.py`, `docs/*.md`, `aaa_celery/`\n")
+    page.write_text("`tests/project/test_docs_site.py::test_x`, `aaa_celery/gone.py`, `docs/*.md`, `aaa_celery/`\n")
     assert missing_repo_paths(page) == ["aaa_celery/gone.py"]
 
 
