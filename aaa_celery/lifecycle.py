@@ -605,3 +605,24 @@ def plan_record(kind: RecordKind, state: CallState, call: CallSpec, outcome: Out
         return Writes(False)
     return Writes(True, record=outcome, event=result_event(call, outcome))
 
+
+def recovery_hold(tries: int, hold_s: float, max_hold_s: float | None) -> float:
+    """How long the ``tries``-th republish of a call holds it: ``hold_s``, doubled for each
+    earlier republish since its last claim, at most ``max_hold_s``."""
+    longest = hold_s if max_hold_s is None else max(hold_s, max_hold_s)
+    return float(min(longest, hold_s * 2 ** (tries - 1)))
+
+
+def plan_recovery_claim(attempts: int, counted: tuple[int, int] | None, held_until: float, now: float,
+                        hold_s: float, max_hold_s: float | None) -> tuple[int, float] | None:
+    """A sweep's claim of the right to republish a call that has no result and no live lease
+    (``Store.claim_recovery``; the store checks those two): None while an earlier republish
+    holds it (until ``held_until``), else ``(tries, until)``. ``counted`` is the call's
+    republish count so far with the attempt count it was counted at: a claim (a new attempt)
+    restarts it, so ``tries`` is 1 again; ``until`` backs off with :func:`recovery_hold`.
+    (``lua/claim_recovery.lua`` makes the same decision in its one round trip.)"""
+    if held_until > now:
+        return None
+    tries = counted[1] + 1 if counted is not None and counted[0] == attempts else 1
+    return tries, now + recovery_hold(tries, hold_s, max_hold_s)
+

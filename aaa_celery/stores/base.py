@@ -45,13 +45,6 @@ def new_token() -> str:
     return os.urandom(16).hex()
 
 
-def recovery_hold(tries: int, hold_s: float, max_hold_s: float | None) -> float:
-    """How long the ``tries``-th republish of a call holds it: ``hold_s``, doubled for each
-    earlier republish since its last claim, at most ``max_hold_s``."""
-    longest = hold_s if max_hold_s is None else max(hold_s, max_hold_s)
-    return float(min(longest, hold_s * 2 ** (tries - 1)))
-
-
 @dataclass(frozen=True)
 class StoreVersion:
     """Which schema (SQL: the Alembic revision; Redis: the format number) a store holds,

@@ -30,10 +30,11 @@ from ..lifecycle import (
     plan_finish,
     plan_hand_on,
     plan_record,
+    plan_recovery_claim,
     plan_release,
 )
 from ._writes import CallWriter, apply
-from .base import Store, new_token, recovery_hold
+from .base import Store, new_token
 from .budgets import admits, check_spend, window_of
 from .ops import CallRecord, plan_resolve
 from .runs_memory import DEFAULT_RUN_RETENTION, MemoryRuns
@@ -216,11 +217,13 @@ class MemoryStore(MemoryRuns, Store):
         with self._lock:
             rec = self._calls.get(call_id)
             now = self.now()
-            if rec is None or rec.result is not None or rec.live(now) or rec.recovery_until > now:
+            if rec is None or rec.result is not None or rec.live(now):
                 return 0
-            rec.recovery_tries = rec.recovery_tries + 1 if rec.recovery_attempts == rec.attempts else 1
-            rec.recovery_attempts = rec.attempts
-            rec.recovery_until = now + recovery_hold(rec.recovery_tries, hold_s, max_hold_s)
+            claim = plan_recovery_claim(rec.attempts, (rec.recovery_attempts, rec.recovery_tries), rec.recovery_until,
+                                        now, hold_s, max_hold_s)
+            if claim is None:
+                return 0
+            (rec.recovery_tries, rec.recovery_until), rec.recovery_attempts = claim, rec.attempts
             return rec.recovery_tries
 
     def record(self, call: CallSpec, outcome: Outcome, kind: RecordKind = "first") -> bool:

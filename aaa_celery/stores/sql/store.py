@@ -44,10 +44,11 @@ from ...lifecycle import (
     plan_finish,
     plan_hand_on,
     plan_record,
+    plan_recovery_claim,
     plan_release,
 )
 from .._writes import CallWriter, apply
-from ..base import Store, StoreVersion, recovery_hold
+from ..base import Store, StoreVersion
 from ..budgets import admits, check_spend, window_of
 from ..ops import CallRecord, plan_resolve
 from .queries import (
@@ -333,12 +334,16 @@ class SQLStore(Store):
         with self._write() as conn:
             now = self.now()
             row = self._unheld(conn, call_id, now)
-            if row is None or row.recovery_until > now:
+            if row is None:
                 return 0
             counted = conn.execute(select_recovery(call_id)).one_or_none()
-            tries = counted.tries + 1 if counted is not None and counted.attempts == row.attempts else 1
+            claim = plan_recovery_claim(row.attempts, None if counted is None else (counted.attempts, counted.tries),
+                                        row.recovery_until, now, hold_s, max_hold_s)
+            if claim is None:
+                return 0
+            tries, until = claim
             conn.execute(upsert_recovery(self.insert, call_id, row.attempts, tries))
-            conn.execute(hold_recovery(call_id, now + recovery_hold(tries, hold_s, max_hold_s)))
+            conn.execute(hold_recovery(call_id, until))
             return tries
 
     def record(self, call: CallSpec, outcome: Outcome, kind: RecordKind = "first") -> bool:
