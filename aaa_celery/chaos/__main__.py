@@ -46,6 +46,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--restore-interval", type=float, help="kombu unacked restore interval, throttle 1")
     p.add_argument("--unclaimed-grace", type=float, default=20.0, help="aaa_unclaimed_grace_s (default 20)")
     p.add_argument("--kinds", help=f"comma-separated fault kinds (default all of {', '.join(FAULT_KINDS)})")
+    p.add_argument("--effects-db", help="SQLAlchemy URL: keyed calls apply their effect there through "
+                                        "aaa_celery.effects.once, and I6 counts the table's rows")
     p.add_argument("--json", help="write the JSON report here")
     p.add_argument("--plot", help="write a PNG timeline here (needs matplotlib)")
     p.add_argument("--workdir", help="worker logs go here (default: a temp directory)")
@@ -70,6 +72,7 @@ def config_from(args: argparse.Namespace) -> ChaosConfig:
         visibility_timeout=args.visibility_timeout, restore_s=args.restore_interval,
         unclaimed_grace_s=args.unclaimed_grace, kinds=kinds, progress=not args.quiet, workdir=args.workdir,
         old_python=args.old_python,
+        effects_db=args.effects_db,
     )
 
 

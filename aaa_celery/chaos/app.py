@@ -14,6 +14,9 @@ and builds the same app in its own process with :func:`make_app` to send):
   ``visibility_timeout`` and unacked-restore interval (kombu's defaults if unset).
 - ``AAA_CHAOS_BASELINE=1``: register the same tools as plain Celery tasks
   (``acks_late`` + ``reject_on_worker_lost``) with no guard.
+- ``AAA_CHAOS_EFFECTS_DB``: a SQLAlchemy URL; keyed bodies then apply their effect as a row
+  of its ``chaos_effects`` table (one row per application, never deduplicated by the table),
+  through :func:`aaa_celery.effects.once` under the guard, by a plain insert in the baseline.
 
 Every tool has one body (:func:`run_body`): it writes ``start``, sleeps its
 duration in short slices writing a ``tick`` after each, applies its keyed
@@ -28,12 +31,15 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
-from ..testing.ledger import END, START, TICK, EffectLedger, new_exec_id
+from ..testing.ledger import EFFECT, END, START, TICK, EffectLedger, new_exec_id
+
+if TYPE_CHECKING:
+    from ..context import ToolContext
 
 #: (delivery, on_lost_lease) -> task name.
 TASKS = {
@@ -44,7 +50,11 @@ TASKS = {
 #: Seconds between a body's ``tick`` entries.
 TICK_S = 0.2
 
+#: The effects table of ``AAA_CHAOS_EFFECTS_DB``.
+EFFECTS_TABLE = "chaos_effects"
+
 _ledgers: dict[tuple[int, str, str], EffectLedger] = {}
+_engines: dict[tuple[int, str], Any] = {}
 
 
 def ledger_for(url: str, prefix: str) -> EffectLedger:
@@ -55,17 +65,67 @@ def ledger_for(url: str, prefix: str) -> EffectLedger:
     return _ledgers[key]
 
 
+def effects_metadata() -> Any:
+    """The ``chaos_effects`` table (and ``once``'s own tables) on a new metadata."""
+    import sqlalchemy as sa
+
+    from ..effects import EffectLog
+
+    metadata = sa.MetaData()
+    sa.Table(EFFECTS_TABLE, metadata, sa.Column("n", sa.Integer, primary_key=True, autoincrement=True),
+             sa.Column("key", sa.String, nullable=False), sa.Column("call_id", sa.String, nullable=False),
+             sa.Column("attempt", sa.Integer), sa.Column("exec", sa.String, nullable=False))
+    EffectLog(metadata)
+    return metadata
+
+
+def db_effect(url: str, ctx: ToolContext | None, call_id: str, key: str) -> Callable[[str], bool]:
+    """The effect as a row of ``chaos_effects`` in the database ``url``: through ``once``
+    under the guard (``ctx``), a plain insert without it; True if this body's row is the one."""
+    import sqlalchemy as sa
+
+    from ..effects import once
+
+    if (os.getpid(), url) not in _engines:  # a forked pool child opens its own
+        _engines[os.getpid(), url] = sa.create_engine(url, pool_pre_ping=True)
+    engine, table = _engines[os.getpid(), url], effects_metadata().tables[EFFECTS_TABLE]
+
+    def effect(ex: str) -> bool:
+        def insert(conn: Any) -> str:
+            conn.execute(table.insert().values(key=key, call_id=call_id, attempt=ctx.attempt if ctx else None,
+                                               exec=ex))
+            return ex
+
+        with engine.begin() as conn:
+            return (once(conn, ctx, insert) if ctx is not None else insert(conn)) == ex
+    return effect
+
+
 def run_body(ledger: EffectLedger, call_id: str, attempt: int | None, key: str | None,
-             duration_s: float, keyed: bool, host: str | None = None) -> dict[str, Any]:
+             duration_s: float, keyed: bool, host: str | None = None,
+             effect: Callable[[str], bool] | None = None) -> dict[str, Any]:
     """The workload's tool body: what it really did goes to the ledger (``host``: the
-    worker's node name)."""
+    worker's node name). With ``effect`` a keyed body applies its effect by ``effect(exec id)``
+    at its first tick (the database's table records it; the ledger only a try that found it
+    applied)."""
     ex = new_exec_id()
     host = host or socket.gethostname()
     common: dict[str, Any] = {"attempt": attempt, "fence": attempt, "host": host}
     ledger.record(START, call_id, ex, key=key, duration_s=duration_s, **common)
     started = time.monotonic()
-    halfway = started + duration_s / 2
+    # the effect halfway; in the app's database at the first tick, so that most faults come
+    # after its commit, the case effects.once is for
+    halfway = started + (TICK_S if effect is not None else duration_s / 2)
     applied = None
+
+    def apply() -> bool:
+        if effect is None:
+            return ledger.apply_effect(key or call_id, call_id, ex, attempt=attempt, fence=attempt)
+        done = effect(ex)
+        if not done:
+            ledger.record(EFFECT, call_id, ex, key=key or call_id, applied=False, **common)
+        return done
+
     while True:
         left = started + duration_s - time.monotonic()
         if left <= 0:
@@ -73,9 +133,9 @@ def run_body(ledger: EffectLedger, call_id: str, attempt: int | None, key: str |
         time.sleep(min(TICK_S, left))
         ledger.record(TICK, call_id, ex, **common)
         if keyed and applied is None and time.monotonic() >= halfway:
-            applied = ledger.apply_effect(key or call_id, call_id, ex, attempt=attempt, fence=attempt)
+            applied = apply()
     if keyed and applied is None:
-        applied = ledger.apply_effect(key or call_id, call_id, ex, attempt=attempt, fence=attempt)
+        applied = apply()
     value = {"call": call_id, "attempt": attempt, "exec": ex, "pid": os.getpid(), "applied": applied}
     ledger.record(END, call_id, ex, value=value, **common)
     return value
@@ -113,6 +173,7 @@ def make_app(env: Mapping[str, str]) -> Celery:
         app.conf.aaa_store_url = env["AAA_CHAOS_STORE"]
     ledger_url = env.get("AAA_CHAOS_LEDGER") or broker
     prefix = env.get("AAA_CHAOS_LEDGER_PREFIX") or "aaa:chaos:ledger"
+    effects_db = env.get("AAA_CHAOS_EFFECTS_DB")
 
     if env.get("AAA_CHAOS_BASELINE") == "1":
         # Plain Celery: the message stays unacked until the task returns, and a
@@ -121,8 +182,9 @@ def make_app(env: Mapping[str, str]) -> Celery:
 
             def plain(self: Any, duration_s: float, keyed: bool = False) -> dict[str, Any]:
                 cid = self.request.id
+                effect = db_effect(effects_db, None, cid, cid) if effects_db and keyed else None
                 return run_body(ledger_for(ledger_url, prefix), cid, None, cid, duration_s, keyed,
-                                self.request.hostname)
+                                self.request.hostname, effect)
 
             app.task(name=name, bind=True, acks_late=True, reject_on_worker_lost=True)(plain)
         return app
@@ -133,8 +195,9 @@ def make_app(env: Mapping[str, str]) -> Celery:
     for (delivery, on_lost), name in TASKS.items():
 
         def guarded(duration_s: float, keyed: bool = False, *, ctx: ToolContext) -> dict[str, Any]:
+            effect = db_effect(effects_db, ctx, ctx.call_id, ctx.idempotency_key) if effects_db and keyed else None
             return run_body(ledger_for(ledger_url, prefix), ctx.call_id, ctx.attempt, ctx.idempotency_key,
-                            duration_s, keyed, ctx.meta.get("hostname"))
+                            duration_s, keyed, ctx.meta.get("hostname"), effect)
 
         guarded.__annotations__["ctx"] = ToolContext
         app.task(base=GuardedTask, name=name, delivery=delivery, guard={"on_lost_lease": on_lost})(guarded)

@@ -33,8 +33,8 @@ from typing import Any, TextIO
 from ..testing.checker import Call, LeaseEnd, RecordedStore, check_history, excuse, executions, summarize
 from ..testing.faults import Frozen, freeze, kill9, pool_children, stop_process
 from ..testing.fleet import WorkerProcess
-from ..testing.ledger import END, EffectLedger
-from .app import TASKS, make_app
+from ..testing.ledger import EFFECT, END, EffectLedger
+from .app import EFFECTS_TABLE, TASKS, effects_metadata, make_app
 from .proxy import Link, ProxyHub
 
 WORKER_FAULTS = ("kill_main", "kill_child", "freeze_kill", "stop_cont")
@@ -91,6 +91,10 @@ class ChaosConfig:
     #: other worker (slots 1, 3, ...) runs it, for a mixed-version fleet during a rolling
     #: deploy. The store is migrated first (docs/upgrading.md).
     old_python: str | None = None
+    #: A SQLAlchemy URL: keyed calls apply their effect as a row of its ``chaos_effects``
+    #: table, through ``aaa_celery.effects.once`` (a plain insert in the baseline); I6 then
+    #: counts those rows, the effects themselves.
+    effects_db: str | None = None
 
     @property
     def heartbeat_s(self) -> float:
@@ -321,6 +325,8 @@ class ChaosRun:
             env["AAA_CHAOS_STORE"] = c.store or self.store_redis.url  # type: ignore[union-attr]
         if c.baseline:
             env["AAA_CHAOS_BASELINE"] = "1"
+        if c.effects_db:
+            env["AAA_CHAOS_EFFECTS_DB"] = c.effects_db
         if c.visibility_timeout:
             env["AAA_CHAOS_VT"] = str(c.visibility_timeout)
         if c.restore_s:
@@ -362,6 +368,32 @@ class ChaosRun:
                 self.paths[slot]["store"] = self.hub.link(self._store_url())
         self.say(f"partition proxies: {sum(len(p) for p in self.paths.values())} paths on loopback")
 
+    def _effects_tables(self) -> None:
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(self.config.effects_db)  # type: ignore[arg-type]
+        try:
+            effects_metadata().create_all(engine)
+        finally:
+            engine.dispose()
+        self.say(f"keyed effects go to {EFFECTS_TABLE} through aaa_celery.effects.once")
+
+    def _effect_rows(self) -> list[dict[str, Any]]:
+        """The effects the database holds for this run's calls, as the ledger's applied
+        effect entries: one per row, so I6 counts what the table really got."""
+        import sqlalchemy as sa
+
+        engine = sa.create_engine(self.config.effects_db)  # type: ignore[arg-type]
+        table = effects_metadata().tables[EFFECTS_TABLE]
+        ours = {call.call_id for call in self.plan.calls}
+        try:
+            with engine.connect() as conn:
+                rows = [r for r in conn.execute(sa.select(table)) if r.call_id in ours]
+        finally:
+            engine.dispose()
+        return [{"kind": EFFECT, "call_id": r.call_id, "exec": r.exec, "attempt": r.attempt, "fence": r.attempt,
+                 "key": r.key, "applied": True, "at": 0.0, "pid": None, "host": None} for r in rows]
+
     def _now(self) -> float:
         return time.time() - self.t0 if self.t0 else 0.0
 
@@ -401,6 +433,8 @@ class ChaosRun:
             mode = "baseline (plain Celery acks_late)" if c.baseline else "guard"
             self.say(f"chaos {mode}: {c.calls} calls, {c.workers} workers x {c.concurrency}, "
                      f"{c.faults} faults, seed {c.seed}, ttl {c.ttl_s} s, workdir {self.workdir}")
+            if c.effects_db:
+                self._effects_tables()
             self.slots = [self._start_worker(i) for i in range(c.workers)]
             for w in self.slots:
                 w.wait_ready(90)
@@ -726,6 +760,8 @@ class ChaosRun:
         c = self.config
         calls = self.plan.calls
         entries = self.ledger.entries()
+        if c.effects_db:
+            entries += self._effect_rows()
         store = RecordedStore.snapshot(self.store, [x.call_id for x in calls]) if self.store is not None else None
         violations, exceptions = excuse(
             check_history(store, entries, calls, heartbeat_s=c.heartbeat_s, lease_ttl_s=c.ttl_s,
