@@ -25,6 +25,7 @@ from typing import Any, Literal
 from .config import Delivery, GuardConfig
 from .errors import (
     ABANDONED_MESSAGE,
+    NotResolvable,
     OUTCOME_UNKNOWN_MESSAGE,
     OUTCOME_UNKNOWN_STORE_MESSAGE,
     POISON_CALL,
@@ -626,3 +627,33 @@ def plan_recovery_claim(attempts: int, counted: tuple[int, int] | None, held_unt
     tries = counted[1] + 1 if counted is not None and counted[0] == attempts else 1
     return tries, now + recovery_hold(tries, hold_s, max_hold_s)
 
+
+#: Recorded failures that only say the outcome is in doubt: an operator may settle them.
+IN_DOUBT = ("OutcomeUnknown", "ExecutionAbandoned")
+
+
+def plan_resolve(call: CallSpec, current: Outcome | None, verdict: Literal["completed", "failed"],
+                 note: str, by: str, value: Any = None) -> tuple[Outcome, Draft]:
+    """The result and the audit event that settle a call in doubt as ``verdict``.
+
+    Raises:
+        NotResolvable: the call has no result yet (it may still run: wait, or let the
+            guard decide), or a real one (never overwritten).
+    """
+    if current is None:
+        raise NotResolvable(f"{call.call_id}: no recorded outcome yet (running or waiting for recovery); "
+                            "only OutcomeUnknown or ExecutionAbandoned calls can be resolved",
+                            call_id=call.call_id)
+    if current.ok or current.error not in IN_DOUBT:
+        what = "completed" if current.ok else f"failed with {current.error}"
+        raise NotResolvable(f"{call.call_id}: already {what}; a real result is never overwritten",
+                            call_id=call.call_id, current=current)
+    if verdict == "completed":
+        outcome = Outcome.success(value, current.attempt)
+    else:
+        outcome = Outcome.failure("ToolError", f"resolved as failed by {by}: {note}", current.attempt)
+    data = {"call_id": call.call_id, "name": call.name, "as": verdict, "note": note, "by": by,
+            "was": {"error": current.error, "message": current.message}}
+    if verdict == "completed":
+        data["value"] = value
+    return outcome, Draft(event_id(call.call_id, RESOLVED, current.attempt), RESOLVED, call.call_id, current.attempt, data)

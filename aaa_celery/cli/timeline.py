@@ -10,6 +10,7 @@ from ..lifecycle import (
     COMPLETED,
     FAILED,
     FENCED,
+    IN_DOUBT,
     RECONCILED,
     RESOLVED,
     RETRIED,
@@ -18,7 +19,6 @@ from ..lifecycle import (
     Event,
     Outcome,
 )
-from ..stores.ops import IN_DOUBT
 
 #: What ended an attempt, by the event that says so.
 _ENDINGS = {COMPLETED: "completed", FAILED: "failed", FENCED: "fenced", STALE_RESULT: "stale result",

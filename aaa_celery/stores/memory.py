@@ -30,13 +30,14 @@ from ..lifecycle import (
     plan_finish,
     plan_hand_on,
     plan_record,
+    plan_resolve,
     plan_recovery_claim,
     plan_release,
 )
 from ._writes import CallWriter, apply
 from .base import Store, new_token
 from .budgets import admits, check_spend, window_of
-from .ops import CallRecord, plan_resolve
+from .ops import CallRecord
 from .runs_memory import DEFAULT_RUN_RETENTION, MemoryRuns
 
 

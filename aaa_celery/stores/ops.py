@@ -1,7 +1,7 @@
 """What operators ask of a store, beside the guard's own verbs: the calls of a time window
 (the store's time index, not a key scan), settling a call in doubt, and retention.
 
-The decisions are pure and live here; each backend only makes them atomic:
+The decisions are pure; each backend only makes them atomic:
 
 * :meth:`Store.calls <aaa_celery.stores.base.Store.calls>` yields a :class:`CallRecord`
   per call first seen in a window, newest first, read through the store's index of calls
@@ -9,7 +9,7 @@ The decisions are pure and live here; each backend only makes them atomic:
   :func:`call_state` names its state and :func:`matches` filters it.
 * :meth:`Store.resolve <aaa_celery.stores.base.Store.resolve>` replaces an
   ``OutcomeUnknown`` / ``ExecutionAbandoned`` result by an operator's verdict, with the
-  ``aaa.tool.resolved`` audit event saying who and why (:func:`plan_resolve`); any other
+  ``aaa.tool.resolved`` audit event saying who and why (:func:`aaa_celery.lifecycle.plan_resolve`); any other
   result is real and is never overwritten (:class:`~aaa_celery.errors.NotResolvable`).
 * :meth:`Store.purge <aaa_celery.stores.base.Store.purge>` deletes finished calls first
   seen before a time; calls without a result are never purged.
@@ -18,13 +18,10 @@ The decisions are pure and live here; each backend only makes them atomic:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
 
-from ..errors import NotResolvable
-from ..lifecycle import RESOLVED, CallSpec, Draft, Outcome, event_id
+from ..lifecycle import CallSpec, Outcome
 from ..protocol import tenant_of
-#: Recorded failures that only say the outcome is in doubt: an operator may settle them.
-IN_DOUBT = ("OutcomeUnknown", "ExecutionAbandoned")
+
 #: The states ``aaa calls --state`` filters on.
 STATES = ("running", "pending", "completed", "failed", "unknown", "abandoned", "revoked", "resolved")
 
@@ -71,30 +68,3 @@ def matches(record: CallRecord, state: str | None = None, tool: str | None = Non
     if tool is not None and tool not in (record.spec.name, record.spec.request.get("task")):
         return False
     return tenant is None or tenant_of(record.call_id) == tenant
-
-
-def plan_resolve(call: CallSpec, current: Outcome | None, verdict: Literal["completed", "failed"],
-                 note: str, by: str, value: Any = None) -> tuple[Outcome, Draft]:
-    """The result and the audit event that settle a call in doubt as ``verdict``.
-
-    Raises:
-        NotResolvable: the call has no result yet (it may still run: wait, or let the
-            guard decide), or a real one (never overwritten).
-    """
-    if current is None:
-        raise NotResolvable(f"{call.call_id}: no recorded outcome yet (running or waiting for recovery); "
-                            "only OutcomeUnknown or ExecutionAbandoned calls can be resolved",
-                            call_id=call.call_id)
-    if current.ok or current.error not in IN_DOUBT:
-        what = "completed" if current.ok else f"failed with {current.error}"
-        raise NotResolvable(f"{call.call_id}: already {what}; a real result is never overwritten",
-                            call_id=call.call_id, current=current)
-    if verdict == "completed":
-        outcome = Outcome.success(value, current.attempt)
-    else:
-        outcome = Outcome.failure("ToolError", f"resolved as failed by {by}: {note}", current.attempt)
-    data = {"call_id": call.call_id, "name": call.name, "as": verdict, "note": note, "by": by,
-            "was": {"error": current.error, "message": current.message}}
-    if verdict == "completed":
-        data["value"] = value
-    return outcome, Draft(event_id(call.call_id, RESOLVED, current.attempt), RESOLVED, call.call_id, current.attempt, data)

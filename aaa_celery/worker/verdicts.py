@@ -2,7 +2,7 @@
 
 ``celery aaa resolve`` settles an ``OutcomeUnknown`` / ``ExecutionAbandoned`` call. The
 store keeps the truth (the new result and its ``aaa.tool.resolved`` event, decided in
-:func:`aaa_celery.stores.ops.plan_resolve`); callers of plain Celery read the result
+:func:`aaa_celery.lifecycle.plan_resolve`); callers of plain Celery read the result
 backend, where the worker left the ``FAILURE(OutcomeUnknown)``. :func:`resolve_call`
 writes both: the store first, then the app's result backend as the task itself would have
 stored that result (``SUCCESS`` with the value decoded as a worker returns it, or

@@ -79,6 +79,7 @@ from ...lifecycle import (
     FinishResult,
     Lease,
     RECORD_KINDS,
+    plan_resolve,
     Outcome,
     RecordKind,
     Refused,
@@ -97,7 +98,7 @@ from ...lifecycle import (
 )
 from ..base import Store, StoreVersion, new_token, wrap_errors
 from ..budgets import EPSILON, check_spend
-from ..ops import CallRecord, plan_resolve
+from ..ops import CallRecord
 from .client import CLUSTER_SCHEMES, CONNECT_ERRORS, ERRORS, SOCKET_TIMEOUT_S, evalsha, lua, ms
 from . import format_version
 from .runs import RedisRuns

@@ -44,13 +44,14 @@ from ...lifecycle import (
     plan_finish,
     plan_hand_on,
     plan_record,
+    plan_resolve,
     plan_recovery_claim,
     plan_release,
 )
 from .._writes import CallWriter, apply
 from ..base import Store, StoreVersion
 from ..budgets import admits, check_spend, window_of
-from ..ops import CallRecord, plan_resolve
+from ..ops import CallRecord
 from .queries import (
     Insert,
     PAGE,
