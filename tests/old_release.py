@@ -9,6 +9,9 @@ line naming this interpreter's site-packages. A ``.pth`` line adds a directory t
 install of the new code is not seen there: ``import aaa_celery`` in the old venv is
 0.1.0's, from its own site-packages. :func:`env` is the environment to run it in (no
 ``PYTHONPATH``, which would put this checkout's code first).
+
+A checkout without that commit (a shallow clone) installs ``tests/releases/``'s wheel
+instead: the same commit built once with ``pip wheel --no-deps`` (``tests/releases/README.md``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 #: The commit of 0.1.0 (CHANGELOG.md).
 RELEASE_0_1_0 = "c79799f"
+#: 0.1.0 built from that commit, for a checkout without its history.
+WHEEL_0_1_0 = ROOT / "tests" / "releases" / "aaa_celery-0.1.0-py3-none-any.whl"
 
 
 @dataclass(frozen=True)
@@ -44,10 +49,14 @@ def env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def build(where: Path, commit: str = RELEASE_0_1_0) -> OldRelease:
     tree, venv = where / "tree", where / "venv"
     found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True)
-    assert found.returncode == 0, (f"commit {commit} (0.1.0) is not in this checkout's history: the upgrade "
-                                   "and mixed-fleet tests build it from there (clone without --depth)")
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), commit], check=True,
-                   capture_output=True, text=True)
+    if found.returncode == 0:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-f", str(tree), commit], check=True,
+                       capture_output=True, text=True)
+        source = str(tree)
+    else:  # a shallow clone: the same commit's wheel, kept in the repository for this case
+        assert commit == RELEASE_0_1_0 and WHEEL_0_1_0.is_file(), (
+            f"commit {commit} is not in this checkout's history and no wheel of it is kept")
+        source = str(WHEEL_0_1_0)
     try:
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
         python = venv / "bin" / "python"
@@ -57,7 +66,7 @@ def build(where: Path, commit: str = RELEASE_0_1_0) -> OldRelease:
         # This interpreter's pip installs into the old venv (its build backend, setuptools,
         # comes from pip's wheel cache after the first run: a few seconds).
         subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
-                        "--disable-pip-version-check", "--no-compile", str(tree)],
+                        "--disable-pip-version-check", "--no-compile", source],
                        check=True, capture_output=True, text=True, env=env(), cwd=where)
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
