@@ -111,8 +111,13 @@ REGISTRY = ToolRegistry([lookup, charge, wire, nap, slow_nap, hang, whoami, boom
 
 
 def handler() -> ToolHandler:
-    """The fleet's tools: ``default`` runs 4 calls at once, ``slow`` one."""
-    return ToolHandler(REGISTRY, pools={"default": 4, "slow": 1}, guard={"lease_ttl_s": 2, "wait_poll_s": 0.25})
+    """The fleet's tools: ``default`` runs 4 calls at once, ``slow`` one.
+
+    The lease TTL is the longest a pool child may go unheard before its attempt counts as
+    lost: a child starved for 2 s on a loaded 2-core machine had its lease lapse, so recovery
+    sent the call again (a nap ran twice; a charge was refused as ``OutcomeUnknown``). 10 s
+    holds under load; only the lost-call test waits it out."""
+    return ToolHandler(REGISTRY, pools={"default": 4, "slow": 1}, guard={"lease_ttl_s": 10, "wait_poll_s": 0.25})
 
 
 def make_app(url: str) -> Celery:
