@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery import Celery
 
 from ..errors import ConfigError, ToolArgsError
-from ..protocol import RUN_HEADER, TENANT_HEADER, TOOL_CALL_HEADER, task_name, usable_tool_call_id
+from ..llm.types import ToolCall
+from ..protocol import RUN_HEADER, TENANT_HEADER, TOOL_CALL_HEADER, mint_call_id, task_name, usable_tool_call_id
 from ..tools.args import CheckedArgs
 from ..tools.secrets import open_raw, seal_raw, sealer_for
 from ..tools.handler import ToolHandler, ToolTask, store_of
@@ -84,6 +85,32 @@ class ToolExecutor:
         """What a call's id digests of its raw arguments: nothing secret (see ``Tool.identity``)."""
         t = self.registry.get(name)
         return t.identity(arguments) if t is not None else arguments
+
+    def recorded_ids(self, tenant: str | None, run_id: str, turn: int, calls: Sequence[ToolCall],
+                     ids: list[str]) -> list[str]:
+        """``ids`` (minted by :meth:`identity`) for the calls of ``turn`` of a run the store
+        has a record of, each call of a tool with secrets under the id 0.1.0 gave it if the
+        store holds a call (an attempt or a result) under that id: a run 0.1.0 drove is
+        resumed (or driven again) without sending its calls again.
+
+        0.1.0 digested the raw arguments, secrets included. Only a stored run pays for this
+        (one look-up per call of a secret tool); a new run's calls never get such an id.
+        """
+        found = list(ids)
+        for n, c in enumerate(calls):
+            t = self.registry.get(c.name)
+            if t is None or not t.secrets:
+                continue  # without secrets the id is what 0.1.0 minted
+            legacy = mint_call_id(tenant, run_id, turn, n, c.name, c.arguments)
+            if legacy != ids[n] and self.known(legacy):
+                found[n] = legacy
+        return found
+
+    def known(self, call_id: str) -> bool:
+        """Whether the guard's store holds a call under ``call_id``: a result, or any event
+        of its trail (registered at publish, an attempt begun)."""
+        store = store_of(self.app)
+        return store.result(call_id) is not None or bool(store.events(call_id))
 
     def keepable_turn(self, turn: dict[str, Any], *, opened: bool = False) -> dict[str, Any]:
         """A recorded model turn (``response_to_dict``) with its tool calls' secret arguments

@@ -371,6 +371,9 @@ class RunHandle:
         tools, cap = self.ctx.tools, self.ctx.max_calls_per_turn
         ids = [mint_call_id(self.tenant, self.run_id, turn, n, c.name, tools.identity(c.name, c.arguments))
                for n, c in enumerate(calls)]
+        if self.durable and self._driven_before:  # a stored run (perhaps 0.1.0's): its calls keep their ids
+            ids = await off_loop(self.ctx.store.kind == "memory", tools.recorded_ids, self.tenant, self.run_id,
+                                 turn, calls, ids)
         over = None if len(calls) <= cap else PolicyDenied(
             f"{len(calls)} tool calls in one turn, more than the {cap} this engine runs "
             f"(Engine(max_calls_per_turn=...)); this call was not run: ask for fewer calls at a time")

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,3 +32,20 @@ async def until(check: Callable[[], Any], timeout_s: float = 30, what: str = "co
             raise TimeoutError(f"{what}: not true after {timeout_s} s")
         await asyncio.sleep(0.02)
     return value
+
+
+def kill_9_when(child: subprocess.Popen[bytes], ready: Callable[[], Any], timeout_s: float, what: str) -> None:
+    """``kill -9`` the driving ``child`` (by its pid) once ``ready()`` is truthy; fail with its
+    stderr if it exits first, or after ``timeout_s``. The child is gone when this returns."""
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            assert child.poll() is None, child.stderr.read().decode(errors="replace")[-3000:]  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, f"the child never reached {what}"
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(10)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import Annotated, Any
 
 from aaa_celery.llm import LLMRequest, LLMResponse, ToolCall
 from aaa_celery.llm.fake import text
-from aaa_celery.tools import ToolRegistry, tool
+from aaa_celery.tools import Secret, ToolRegistry, tool
 
 LOG_ENV = "AAA_RESUME_LOG"
 
@@ -57,7 +57,16 @@ def refund(order: str, amount: int) -> str:
     return f"refunded {amount} EUR on {order}"
 
 
+@tool(delivery="at_most_once")
+def unlock(user: str, pin: Annotated[str, Secret]) -> str:
+    """Unlock a user's account with their PIN (an effect: never twice)."""
+    note("unlock", user=user)
+    return f"unlocked {user}"
+
+
 REGISTRY = ToolRegistry([lookup, slow_report, refund])
+#: The tools of SECRET_PLAN (run by 0.1.0 too: tests/runtime/test_resume_from_0_1_0.py).
+SECRET_REGISTRY = ToolRegistry([unlock, refund])
 
 
 def scripted(*plan: list[tuple[str, dict[str, Any]]] | str):
@@ -81,3 +90,5 @@ def scripted(*plan: list[tuple[str, dict[str, Any]]] | str):
 LONG_PLAN = ([("lookup", {"order": "A-100"})], [("slow_report", {"order": "A-100"})], "done")
 #: lookup, then a refund a person approves, then done.
 REFUND_PLAN = ([("lookup", {"order": "A-100"})], [("refund", {"order": "A-100", "amount": 30})], "done")
+#: an unlock with a secret PIN, then a refund a person approves, then done.
+SECRET_PLAN = ([("unlock", {"user": "bob", "pin": "4821"})], [("refund", {"order": "A-100", "amount": 30})], "done")

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from aaa_celery.runtime import APPROVAL_GRANTED, Engine, RunHandle
 from aaa_celery.stores import open_store
 from aaa_celery.tools import ToolHandler
 
-from .conftest import until
+from .conftest import kill_9_when, until
 from .resume_tools import LOG_ENV, LONG_PLAN, REFUND_PLAN, REGISTRY, notes, scripted
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -201,18 +199,7 @@ def test_kill_9_of_the_driving_process(url, tmp_path, monkeypatch):
            "AAA_RESUME_SLOW_S": "60"}
     child = subprocess.Popen([sys.executable, "-m", "tests.runtime.resume_child", url, "r-kill", "long"],
                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 60
-        while not notes("slow_report.start"):
-            assert child.poll() is None, child.stderr.read().decode(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "the child never reached the long call"
-            time.sleep(0.05)
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(10)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(10)
+    kill_9_when(child, lambda: notes("slow_report.start"), 60, "the long call")
     monkeypatch.setenv("AAA_RESUME_SLOW_S", "0.1")
 
     async def go() -> None:
