@@ -18,7 +18,7 @@ session, so N leases need one server backend but N slots of the server's lock ta
 as not feasible, with the reason, instead of being run. The PostgreSQL server keeps
 its default durability (``fsync`` on: each commit waits for its WAL flush).
 
-    python benchmarks/scale.py                 # Redis 1k/10k/100k, PostgreSQL up to 1k
+    python benchmarks/scale.py                 # Redis 1k/10k/100k, PostgreSQL 100 to 100k
     python benchmarks/scale.py --quick         # < 30 s: Redis 1k, PostgreSQL 100
 """
 
