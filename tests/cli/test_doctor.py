@@ -308,3 +308,21 @@ def test_a_check_that_raises_is_a_failed_line_and_the_others_still_run(healthy, 
     assert code == 1 and statuses["clock skew"] == "fail", output
     assert "RuntimeError: INFO refused" in output and "Traceback" not in output
     assert statuses["worker node names"] == "pass", output
+
+
+def test_a_store_of_an_older_schema_fails_naming_aaa_migrate(healthy, tmp_path):
+    """Issue 20: doctor reports the store's schema; one 0.1.0 left (no version) fails until
+    `aaa migrate`, then passes."""
+    from aaa_celery.stores.sql import versions
+
+    url = f"sqlite:///{tmp_path / 'aaa.sqlite3'}"
+    with open_store(url) as store, store.engine.begin() as conn:  # type: ignore[attr-defined]
+        conn.exec_driver_sql(f"DROP TABLE {versions.VERSION_TABLE}")
+    point_at(healthy, url)
+    code, statuses, output = doctor()
+    assert code == 1 and statuses["store schema"] == "fail", output
+    assert "0.1.0 (unversioned), this release needs 0001" in output and "aaa migrate" in output
+    assert cli("migrate").exit_code == 0
+    point_at(healthy, url)
+    code, statuses, output = doctor()
+    assert statuses["store schema"] == "pass" and "0001" in output, output
