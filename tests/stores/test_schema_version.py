@@ -86,10 +86,11 @@ def test_a_new_store_is_at_this_releases_version(store):
     assert (version.outdated, version.newer) == (False, False)
     assert version.current == version.latest
     assert check_version(store, auto_migrate=False) == version
-    assert store.migrate() == version  # nothing to do, and it says so
+    after = store.migrate()  # nothing to do (Redis: the format key written), and it says so
+    assert (after.current, after.outdated, after.newer) == (version.current, False, False)
 
 
-@pytest.mark.parametrize("backend", VERSIONED)
+@pytest.mark.parametrize("backend", SQL)
 def test_a_store_0_1_0_left_is_refused_until_migrate_upgrades_it(request, backend, tmp_path):
     url = sql_url(request, backend, tmp_path)
     call = as_0_1_0_left_it(url)
@@ -197,15 +198,20 @@ def test_migrate_brings_a_pre_0_1_0_database_to_the_0_1_0_schema(request, backen
 
 
 @pytest.mark.redis
-def test_a_fresh_redis_prefix_is_stamped_at_first_use_and_0_1_0_data_is_not(redis_url):
-    with open_store(redis_url, key_prefix="fresh") as store:
-        store.register(new_call())
-        assert store._redis.get("fresh:format") == format_version.FORMAT  # type: ignore[attr-defined]
-        store._redis.delete("fresh:format")  # type: ignore[attr-defined]
-    with open_store(redis_url, key_prefix="fresh") as store:  # a new process on 0.1.0's keys
-        store.register(new_call())
-        assert store._redis.get("fresh:format") is None  # type: ignore[attr-defined]
-        assert store.schema_version().outdated
+def test_a_redis_prefix_without_its_format_key_is_0_1_0s_format_1_and_migrate_writes_the_key(redis_url):
+    """0.1.0 kept no format key, and its layout is format 1: such a prefix (or one whose key
+    was flushed or evicted, or one a producer wrote before any worker started) is current,
+    never refused; ``migrate`` writes the key."""
+    with open_store(redis_url, key_prefix="old") as store:
+        assert store.schema_version().empty
+        call = finished_call(store)
+        assert store._redis.get("old:format") is None  # type: ignore[attr-defined]
+        version = store.schema_version()
+        assert (version.current, version.outdated, version.empty) == ("1", False, False)
+        assert check_version(store, auto_migrate=False) == version
+        assert store.migrate().current == "1"
+        assert store._redis.get("old:format") == format_version.FORMAT  # type: ignore[attr-defined]
+        assert store.result(call.call_id) == Outcome.success({"kept": True}, 1)
 
 
 @pytest.mark.fleet

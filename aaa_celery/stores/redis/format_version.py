@@ -1,9 +1,9 @@
 """The Redis store's format version: which key layout and payloads a key prefix holds.
 
 The version is kept in the key ``<prefix>:format``. Format ``1`` is the layout of 0.1.0,
-which kept no such key: a prefix with calls or runs but no format key was written by
-0.1.0, and ``migrate`` (:func:`upgrade`) stamps it. A prefix with nothing in it is
-stamped by the first process of this release that uses it (:func:`stamp_if_empty`).
+which kept no such key: a prefix without the key holds format 1, so a 0.1.0 store, a
+prefix a producer wrote before any worker started, and one whose key was flushed or
+evicted all read as what they are. ``migrate`` (:func:`upgrade`) writes the key.
 
 Each later format brings its upgrade step in :data:`UPGRADES`: the step from the format
 before it, run under the prefix's upgrade lock (``<prefix>:format:lock``), after which
@@ -23,11 +23,11 @@ from ..base import StoreVersion, new_token
 FORMAT = "1"
 #: The formats this release knows, oldest first.
 FORMATS = ("1",)
-#: The step into each format from the one before it (None: 0.1.0, which kept no key),
-#: given the client and the key prefix.
-UPGRADES: dict[str | None, tuple[str, Callable[[Any, str], None]]] = {
-    None: ("1", lambda client, prefix: None),  # 0.1.0's layout is format 1: only the key is new
-}
+#: The format of a prefix without the key: 0.1.0's layout.
+UNVERSIONED = "1"
+#: The step into a format from the one before it, by the format it starts from, given the
+#: client and the key prefix (none yet: format 1 is the first).
+UPGRADES: dict[str, tuple[str, Callable[[Any, str], None]]] = {}
 #: How long an upgrade may hold the lock before another process may take it over.
 LOCK_S = 300.0
 
@@ -50,19 +50,14 @@ def holds_data(client: Any, indexes: Sequence[str]) -> bool:
 
 def version(client: Any, prefix: str, indexes: Sequence[str]) -> StoreVersion:
     current = client.get(format_key(prefix))
-    empty = current is None and not holds_data(client, indexes)
-    return StoreVersion(current, FORMAT, FORMATS, empty)
-
-
-def stamp_if_empty(client: Any, prefix: str, indexes: Sequence[str]) -> None:
-    """Stamp a prefix with nothing in it as this release's format (a prefix that 0.1.0
-    wrote is left for ``migrate``)."""
-    if version(client, prefix, indexes).empty:
-        client.set(format_key(prefix), FORMAT, nx=True)
+    if current is not None:
+        return StoreVersion(current, FORMAT, FORMATS)
+    return StoreVersion(UNVERSIONED, FORMAT, FORMATS, empty=not holds_data(client, indexes))
 
 
 def upgrade(client: Any, prefix: str, indexes: Sequence[str]) -> StoreVersion:
-    """Run the upgrade steps from the prefix's format to this release's, under the lock."""
+    """Run the upgrade steps from the prefix's format to this release's, under the lock,
+    and write the format key."""
     lock, token = f"{format_key(prefix)}:lock", new_token()
     deadline = time.monotonic() + LOCK_S
     while not client.set(lock, token, nx=True, px=round(LOCK_S * 1000)):
@@ -72,10 +67,12 @@ def upgrade(client: Any, prefix: str, indexes: Sequence[str]) -> StoreVersion:
     try:
         found = version(client, prefix, indexes)
         while not found.newer and found.current != FORMAT:
-            target, step = UPGRADES[found.current]
+            target, step = UPGRADES[str(found.current)]
             step(client, prefix)
             client.set(format_key(prefix), target)
             found = version(client, prefix, indexes)
-        return found
+        if not found.newer:
+            client.set(format_key(prefix), FORMAT, nx=True)
+        return version(client, prefix, indexes)
     finally:
         client.eval(_UNLOCK, 1, lock, token)

@@ -179,8 +179,6 @@ class RedisStore(RedisRuns, Store):
         self._tags = [f"{key_prefix}:{{{key_prefix}:{n}}}" for n in range(shards)]
         self._indexes = [[f"{tag}:{name}" for name in _INDEXES] for tag in self._tags]
         self._client: Any = None
-        #: Whether this instance checked the prefix's format key (stamped an empty one).
-        self._stamped = False
         self._scripts: dict[str, Any] = {}
         self._specs: OrderedDict[str, CallSpec] = OrderedDict()
         self._specs_lock = threading.Lock()
@@ -215,10 +213,6 @@ class RedisStore(RedisRuns, Store):
         if client is None:
             with self._connect_lock, wrap_errors(self.kind, *CONNECT_ERRORS):
                 client = self._client or self._open(self._connect)
-        if not self._stamped:
-            with wrap_errors(self.kind, *ERRORS):
-                format_version.stamp_if_empty(client, self.key_prefix, self._format_indexes())
-            self._stamped = True
         return client
 
     # -- Format version (format_version.py) ------------------------------------------------------
