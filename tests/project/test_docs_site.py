@@ -73,9 +73,15 @@ def test_every_relative_link_outside_the_docs_site_resolves():
 REPO_PATH = re.compile(r"`((?:aaa_celery|benchmarks|docs|examples|scripts|tests)/[^`\s*<>{}…]*)`")
 
 
+def repo_path_exists(name: str) -> bool:
+    name = re.sub(r":\d+(-\d+)?$", "", name)  # file.py:12-20
+    # a Python object named by its file, `benchmarks/_common.DurablePostgres`
+    return (ROOT / name).exists() or (ROOT / (re.sub(r"\.\w+$", "", name) + ".py")).exists()
+
+
 def missing_repo_paths(path: Path) -> list[str]:
     names = {m.split("::")[0].rstrip(".,;:") for m in REPO_PATH.findall(path.read_text())}
-    return sorted(n for n in names if not (ROOT / re.sub(r":\d+(-\d+)?$", "", n)).exists())
+    return sorted(n for n in names if not repo_path_exists(n))
 
 
 def test_every_repository_path_the_markdown_names_exists():
@@ -91,8 +97,9 @@ def test_the_link_check_sees_a_broken_link(tmp_path):
     page.write_text("[ok](page.md) [url](https://example.com) ![pic](gone.png) [x](docs/gone.md#a)\n"
                     "```\n[in code](not-checked.md)\n```\n")
     assert broken_links(page) == ["gone.png", "docs/gone.md#a"]
-    page.write_text("`tests/project/test_docs_site.py::test_x`, `aaa_celery/gone.py`, `docs/*.md`, `aaa_celery/`\n")
-    assert missing_repo_paths(page) == ["aaa_celery/gone.py"]
+    page.write_text("`tests/project/test_docs_site.py::test_x`, `aaa_celery/gone.py`, `docs/*.md`, `aaa_celery/`,"
+                    " `benchmarks/_common.DurablePostgres`, `benchmarks/gone.Thing`\n")
+    assert missing_repo_paths(page) == ["aaa_celery/gone.py", "benchmarks/gone.Thing"]
 
 
 @pytest.fixture(scope="module")
