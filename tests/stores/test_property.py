@@ -37,6 +37,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -415,6 +416,12 @@ class StoreMachine(RuleBasedStateMachine):
             lease.lost = True
         else:
             lose_lease(self.stores[held.owner], held.lease)  # postgresql: its session dies
+            # One session holds every lease of a store (4dfc08d): they all lapse with it.
+            for other in self.holding():
+                if other.owner == held.owner:
+                    ours = self.calls[other.lease.call_id].lease
+                    assert ours is not None
+                    ours.lost = True
             lease.lost = True
 
     @precondition(lambda self: self.clock is not None)
@@ -507,3 +514,27 @@ def test_random_histories_match_the_lifecycle_model(backend: str, store_url: str
         for store in {id(s): s for s in stores}.values():
             store.close()
 
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("step", ["renew", "recover"])
+def test_the_model_loses_every_lease_of_a_terminated_session(postgres_url: str, step: str) -> None:
+    """The history hypothesis found on a PostgreSQL store after 4dfc08d (one lease session per
+    store): worker 0 holds calls 0 and 1, its session is terminated to lose call 1's lease, and
+    the store (rightly) lost call 0's lease too, which the model still took for held."""
+    stores, clock = _open("postgresql", postgres_url, Clock())
+    machine = type("StoreMachine_postgresql", (StoreMachine,),
+                   {"stores": stores, "clock": clock, "backend": "postgresql"})()
+    try:
+        machine.first_delivery(start=1e6, homes=[(Delivery.AT_LEAST_ONCE, 1, 1.0)] * CALLS, variant=0)
+        machine.begin(call=1, variant=0, worker=0, other=None)
+        machine.lose(pick=0, after=0.0)
+        machine.results_and_trails_match()
+        if step == "renew":
+            machine.renew(pick=1, by=0)
+        else:
+            machine.recover(claim=False, call=0, worker=0, hold=1.0, grace=0.0)
+        machine.teardown()
+    finally:
+        for store in stores:
+            store.close()
