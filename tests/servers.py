@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from aaa_celery.testing.redis_server import pongs
+
 REDIS_ENV = "AAA_TEST_REDIS_URL"
 POSTGRES_ENV = "AAA_TEST_POSTGRES_URL"
 
@@ -180,12 +182,7 @@ class RedisServer(_Server):
         if self.proc is not None and self.proc.poll() is not None:
             tail = (self.workdir / "redis.log").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"redis-server exited with {self.proc.returncode}:\n{tail}")
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(64).startswith(b"+PONG")
-        except OSError:
-            return False
+        return pongs(self.port)
 
     def _halt(self, kill: bool) -> None:
         proc, self.proc = self.proc, None

@@ -49,14 +49,19 @@ class ThrowawayRedis:
             time.sleep(0.05)
 
     def _pong(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(64).startswith(b"+PONG")
-        except OSError:
-            return False
+        return pongs(self.port)
 
     def stop(self) -> None:
         stop_process(self.proc)
         with contextlib.suppress(OSError):
             shutil.rmtree(self.workdir)
+
+
+def pongs(port: int) -> bool:
+    """Whether a Redis server on loopback ``port`` answers PING now."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
