@@ -225,6 +225,12 @@ class GuardRunner:
         its token and claims (``begin`` is idempotent), so no attempt is wasted. Past that,
         the message goes back to the broker; a later delivery in this process reuses the
         token, so even a claim that lapsed meanwhile is claimed again, not refused."""
+        try:
+            # Every store keeps the spec as JSON (memory keeps it to send the call again): one
+            # that does not encode is refused here, for all of them, before anything is claimed.
+            call.to_json()
+        except _ENCODING_ERRORS as e:
+            raise self._unwritable(call, e) from e
         give_up = time.monotonic() + self.config.lease_ttl_s
         delay = min(0.2, self.config.wait_poll_s)
         while True:

@@ -4,6 +4,11 @@ Reproduces on bffa76a: ``begin`` took any exception for store trouble, retried i
 lease TTL and handed the message back to the broker, which delivered it again: a call
 whose arguments did not encode (bytes or ``Decimal`` arguments under stdlib ``json``,
 before 10a4c93) was requeued forever and never ran nor failed.
+
+Reproduced again on 4dfc08d for SQLite and PostgreSQL (the one-transaction begin writes the
+spec only for a call it has not seen, so a registered call's unencodable delivery ran its
+body), and on the memory store always (it never encodes): the runner now checks that the
+spec encodes before it begins, once for every store.
 """
 
 from __future__ import annotations
@@ -18,15 +23,12 @@ from aaa_celery.lifecycle import CallSpec
 from aaa_celery.stores import open_store
 
 
-@pytest.fixture(params=[
-    # Known regression of 4dfc08d (the SQL store's one-transaction begin): on SQLite the spec
-    # is no longer written before the body runs, so an unencodable spec runs the body.
-    # Open defect, named in the session-5 closing note; strict, so a fix turns this red.
-    pytest.param("sqlite", marks=pytest.mark.xfail(strict=True, reason="4dfc08d regression")),
-    "redis",
-])
+@pytest.fixture(params=["memory", "sqlite", "postgresql", "redis"])
 def store(request, tmp_path):
-    url = f"sqlite:///{tmp_path}/store.db" if request.param == "sqlite" else request.getfixturevalue("redis_url")
+    urls = {"memory": lambda: "memory://", "sqlite": lambda: f"sqlite:///{tmp_path}/store.db",
+            "postgresql": lambda: request.getfixturevalue("postgres_url"),
+            "redis": lambda: request.getfixturevalue("redis_url")}
+    url = urls[request.param]()
     store = open_store(url)
     yield store
     store.close()
