@@ -2,11 +2,13 @@
 
 Every store reads a call's state, asks these functions what to do, and applies
 the answer atomically. ``plan_begin``/``plan_finish``/``plan_fenced``/``plan_release``/``plan_hand_on``/``plan_record``
-return the decision as :class:`Writes`: the reply and every payload to write (the
+(and ``plan_checkpoint``/``plan_settle``) return the decision as :class:`Writes`: the reply and every payload to write (the
 lease, the one result, the audit event with its id and data). The memory and SQL
 stores apply them through one shared step (``stores/_writes.py``); the Redis store
 gets the same payloads from these functions as script arguments, and its Lua only
-mirrors the decision (it must decide in one round trip). The conformance suite and
+mirrors the decision (it must decide in one round trip). The other rules a store
+applies are here too: when a lease has :func:`lapsed`, what a purge deletes
+(:data:`PURGED`, :func:`purgeable`) and a budget's spend (:func:`plan_spend`). The conformance suite and
 the property test (``tests/stores``) prove that every store decides alike.
 
     NEW --begin--> RUNNING(n) --finish(n)--> COMPLETED | FAILED
@@ -19,6 +21,7 @@ the property test (``tests/stores``) prove that every store decides alike.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -191,6 +194,34 @@ class Lease:
     @property
     def fence(self) -> int:
         return self.attempt
+
+
+def lapsed(expires_at: float | None, now: float) -> bool:
+    """Whether a TTL lease that runs out at ``expires_at`` has lapsed at ``now`` (seconds, on
+    one clock): from ``expires_at`` on, so a lease is live only strictly before it. ``None``
+    (no expiry recorded) is no TTL lease at all: lapsed.
+
+    The one rule of every store and of the holder, each on its own clock:
+
+    - memory and SQLite read it here; SQL's ``WHERE`` clauses use its image
+      ``stores/sql/queries.live_at`` / ``lapsed_at`` (``expires > now`` / its negation);
+    - Redis lets the server expire the lease key: a key lives while its clock has not
+      passed the key's expiry, so the key is set to expire 1 ms (the server clock's step)
+      before ``expires_at`` (``lua/_lib.lua``'s ``lease_until``), and the recovery index
+      lists a call as lapsed from its score ``expires_at`` on;
+    - the holder counts its lease lapsed ``ttl_s`` after the last renewal the store proved,
+      on its monotonic clock (``guard/watchdog.py``);
+    - a lease bound to a session (PostgreSQL) has no expiry: it lapses only with its
+      session, which the store sees in ``pg_locks``, never by this rule.
+
+    ``tests/lifecycle/test_lapsed.py`` runs one table of cases against every form.
+    """
+    return expires_at is None or now >= expires_at
+
+
+def lease_left(expires_at: float | None, now: float) -> float:
+    """Seconds a TTL lease has left at ``now``: 0 once it has :func:`lapsed`."""
+    return 0.0 if expires_at is None or lapsed(expires_at, now) else expires_at - now
 
 
 def fenced_data(lease: Lease, cause: str | None = None) -> dict[str, Any]:
@@ -469,6 +500,12 @@ def decide_begin(state: CallState, config: GuardConfig, token: str | None = None
     return BeginDecision("claim", attempt=state.attempts + 1)
 
 
+def same_outcome(recorded: Outcome | None, expected: Outcome) -> bool:
+    """Whether ``recorded`` is the very record ``expected``: the same JSON, the form every
+    store keeps (Python's ``==`` would take ``True`` for ``1`` and ``1.0`` for ``1``)."""
+    return recorded is not None and recorded.to_json() == expected.to_json()
+
+
 def decide_finish(
     state: CallState, outcome: Outcome, config: GuardConfig
 ) -> Literal["accept", "again", "stale"]:
@@ -479,7 +516,7 @@ def decide_finish(
     """
     attempt = outcome.attempt
     if state.result is not None:
-        return "again" if state.result.to_json() == outcome.to_json() else "stale"
+        return "again" if same_outcome(state.result, outcome) else "stale"
     if config.fence_results and state.attempts > attempt:
         return "stale"
     return "accept"
@@ -505,6 +542,9 @@ class Writes:
       (``handed_on`` becomes that attempt, ``handed`` counts one more) and the lease is freed. The call then waits for
       its next delivery as a newly registered call does: recovery brings it back only
       once the unclaimed grace has passed since the hand-on.
+    - ``checkpoint``: keep this (a :class:`Checkpoint`'s JSON) as the call's last checkpoint.
+    - ``settle``: replace the call's recorded result with this one (:func:`plan_settle`,
+      :func:`plan_resolve`); the lease and the recovery index are as they were.
     """
 
     reply: BeginResult | FinishResult | bool | None = None
@@ -513,6 +553,8 @@ class Writes:
     event: Draft | None = None
     let_go: str | None = None
     hand_on: Lease | None = None
+    checkpoint: str | None = None
+    settle: Outcome | None = None
 
 
 def plan_begin(
@@ -561,6 +603,29 @@ def plan_hand_on(lease: Lease, holds: bool) -> Writes:
     ``holds``: whether that lease is live and still holds the call (else it is audited only:
     an attempt that lost its lease cannot hand the call on)."""
     return Writes(event=retried_event(lease), hand_on=lease if holds else None)
+
+
+def checked_checkpoint(lease: Lease, checkpoint: str) -> str:
+    """The checkpoint a store keeps when ``lease``'s attempt saves ``checkpoint`` (the JSON of
+    :func:`checkpoint_json`): its data, stamped with the lease's attempt.
+
+    Raises:
+        ValueError: ``checkpoint`` is not a checkpoint's JSON, or is over :data:`MAX_CHECKPOINT_BYTES`.
+    """
+    try:
+        saved = Checkpoint.from_json(checkpoint)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"a checkpoint is the JSON of lifecycle.checkpoint_json, not {checkpoint[:80]!r}") from e
+    return checkpoint_json(lease.attempt, saved.data)
+
+
+def plan_checkpoint(lease: Lease, holds: bool, checkpoint: str) -> Writes:
+    """``lease``'s attempt saves ``checkpoint``, as writes: kept as the call's last checkpoint
+    (:func:`checked_checkpoint`, which raises ``ValueError`` for one no store keeps) only while
+    that lease is live and holds the call (``holds``); the reply says whether it was kept.
+    (``lua/checkpoint.lua`` checks ``holds`` in the same step as the write.)"""
+    kept = checked_checkpoint(lease, checkpoint)
+    return Writes(True, checkpoint=kept) if holds else Writes(False)
 
 
 def plan_release(lease: Lease) -> Writes:
@@ -626,6 +691,85 @@ def plan_recovery_claim(attempts: int, counted: tuple[int, int] | None, held_unt
         return None
     tries = counted[1] + 1 if counted is not None and counted[0] == attempts else 1
     return tries, now + recovery_hold(tries, hold_s, max_hold_s)
+
+
+#: What a purge deletes of a call: every record a store keeps of it (``Store.purge``), the
+#: call's own record last.
+PURGED = ("result", "events", "checkpoint", "recovery", "call")
+
+
+def purgeable(result: Outcome | None, seen_at: float, before: float) -> bool:
+    """Whether a purge with cutoff ``before`` deletes a call (every record of it that
+    :data:`PURGED` names): only a call with its result, seen before the cutoff. A call is
+    seen when it is registered (or first delivered), and again when an attempt hands it on
+    to its next delivery (it then waits as a newly registered call): ``CallRecord.seen_at``.
+    (SQL's ``select_finished_before`` and ``lua/purge.lua`` evaluate it server-side.)"""
+    return result is not None and seen_at < before
+
+
+# -- Budgets ----------------------------------------------------------------------------
+
+#: Slack for float sums in a budget (0.1 + 0.2 spent against a limit of 0.3 is within it).
+EPSILON = 1e-9
+
+
+def window_of(now: float, window_s: float) -> int:
+    """The number of the budget window that ``now`` (store clock, seconds) falls in: time is cut
+    in fixed windows of ``window_s`` seconds from the clock's epoch (86400 s: a UTC day)."""
+    return math.floor(now / window_s)
+
+
+def admits(total: float, amount: float, limit: float) -> bool:
+    """Whether ``amount`` more fits in a window that has ``total`` spent."""
+    return total + amount <= limit + EPSILON * max(1.0, abs(limit))
+
+
+@dataclass(frozen=True)
+class Spend:
+    """A spend against a budget as a store applies it, in one atomic step, then answers ``reply``.
+
+    ``window`` is the budget's window from now on; ``restart``: empty the budget first (total 0,
+    no token counted), as a new window starts; ``count``: add this amount to the total and count
+    the token (None: nothing is counted)."""
+
+    reply: bool
+    window: int
+    restart: bool = False
+    count: float | None = None
+
+
+def plan_spend(found: int | None, total: float, counted: bool, amount: float, limit: float,
+               window_s: float, now: float) -> Spend:
+    """Spend ``amount`` of a budget whose stored state is window ``found`` (None: none yet)
+    with ``total`` spent, ``counted`` saying whether this spend's token was counted in it:
+
+    - a budget starts empty in every window;
+    - a token counts at most once per window: spending with it again answers True and adds
+      nothing (a redelivered call never spends twice);
+    - an amount is counted only if the window's total with it stays within ``limit``
+      (:func:`admits`); else the answer is False.
+
+    (``stores/budgets.py`` checks the arguments; ``lua/spend.lua`` applies the plan if the
+    budget is still as read, and asks again if it is not.)"""
+    window = window_of(now, window_s)
+    restart = found != window
+    if restart:
+        total, counted = 0.0, False
+    if counted:
+        return Spend(True, window, restart)
+    if not admits(total, amount, limit):
+        return Spend(False, window, restart)
+    return Spend(True, window, restart, float(amount))
+
+
+def plan_settle(recorded: Outcome | None, expected: Outcome, outcome: Outcome, event: Draft) -> Writes:
+    """A compare-and-set of a call's result (``Store.settle``, the guard's reconciliation of a
+    lost call), as writes: ``outcome`` replaces the recorded result, with ``event``, only if
+    that result is still ``expected`` (:func:`same_outcome`); the reply says whether.
+    (``lua/resolve.lua`` compares the stored JSON with ``expected``'s, in the step that writes.)"""
+    if not same_outcome(recorded, expected):
+        return Writes(False)
+    return Writes(True, settle=outcome, event=event)
 
 
 #: Recorded failures that only say the outcome is in doubt: an operator may settle them.

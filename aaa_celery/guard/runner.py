@@ -47,6 +47,7 @@ from ..lifecycle import (
     Lease,
     Outcome,
     Refused,
+    lapsed,
 )
 from ..stores.base import Store, new_token
 from .lease import AttemptLease
@@ -214,10 +215,9 @@ class GuardRunner:
         if busy.expires_at is None:
             return False
         try:
-            left = busy.expires_at - self.store.now()
+            return lapsed(busy.expires_at, self.store.now() + BUSY_POLLS * self.config.wait_poll_s)
         except StoreUnavailable:
             return False
-        return left <= BUSY_POLLS * self.config.wait_poll_s
 
     def _begin(self, call: CallSpec, worker: str, token: str) -> Any:
         """``begin``, retried with the same ``token`` while the store is unreachable, for up to

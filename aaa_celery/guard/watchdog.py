@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..config import GuardConfig, LostLease
-from ..lifecycle import Lease
+from ..lifecycle import Lease, lapsed, lease_left
 from ..stores.base import Store
 
 log = logging.getLogger("aaa_celery.guard")
@@ -303,7 +303,7 @@ class Watchdog:
             return float("inf")
         if self.lost:
             return 0.0
-        return max(0.0, self._last_ok + self.lease.ttl_s - time.monotonic())
+        return lease_left(self._last_ok + self.lease.ttl_s, time.monotonic())
 
     def proved(self, sent: float) -> None:
         """A renewal sent at ``sent`` (monotonic) succeeded: the lease holds for a TTL from then."""
@@ -384,7 +384,7 @@ class Watchdog:
             self._interrupt(BodyTimedOut)  # the heartbeat goes on while the timeout is recorded
         if self.lease is not None and not self.lost:
             period = self.config.heartbeat_period_s
-            if now >= self._last_ok + self.lease.ttl_s:
+            if lapsed(self._last_ok + self.lease.ttl_s, now):
                 if self._judge_at is None and self._tried_at < now - period:
                     # No renewal was even tried lately: this process was frozen (or starved).
                     # A session-bound lease may still hold: one try decides, within a period.

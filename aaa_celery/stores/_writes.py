@@ -2,7 +2,8 @@
 
 A store reads a call's state under its lock, asks :mod:`aaa_celery.lifecycle` for
 the :class:`~aaa_celery.lifecycle.Writes` of the operation (``plan_begin``,
-``plan_finish``, ``plan_fenced``, ``plan_release``, ``plan_hand_on``, ``plan_record``), and hands them to :func:`apply`
+``plan_finish``, ``plan_fenced``, ``plan_release``, ``plan_hand_on``, ``plan_record``,
+``plan_checkpoint``, ``plan_settle``), and hands them to :func:`apply`
 with a :class:`CallWriter`: the writes a backend knows how to make, on that
 one locked call. The Redis store applies the same writes in Lua (``lua/_lib.lua``).
 """
@@ -40,6 +41,14 @@ class CallWriter(abc.ABC):
         """Mark ``lease``'s attempt (live, holding the call) as the one that handed the call
         on, and free the lease."""
 
+    @abc.abstractmethod
+    def settle(self, outcome: Outcome) -> None:
+        """Replace the call's recorded result with ``outcome``."""
+
+    @abc.abstractmethod
+    def checkpoint(self, checkpoint: str) -> None:
+        """Keep ``checkpoint`` (a checkpoint's JSON) as the call's last one."""
+
 
 def apply(writes: Writes, call: CallWriter) -> Any:
     """Make ``writes`` on ``call``, in :class:`~aaa_celery.lifecycle.Writes`' order, and
@@ -48,10 +57,14 @@ def apply(writes: Writes, call: CallWriter) -> Any:
         call.claim(writes.claim)
     if writes.record is not None:
         call.record(writes.record)
+    if writes.settle is not None:
+        call.settle(writes.settle)
     if writes.event is not None:
         call.append(writes.event)
     if writes.let_go is not None:
         call.let_go(writes.let_go)
     if writes.hand_on is not None:
         call.hand_on(writes.hand_on)
+    if writes.checkpoint is not None:
+        call.checkpoint(writes.checkpoint)
     return writes.reply

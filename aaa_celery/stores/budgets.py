@@ -1,12 +1,9 @@
 """Budgets: amounts spent against a limit per fixed window of time, counted once per token.
 
-The one rule every backend applies atomically (Redis mirrors it in ``lua/spend.lua``):
-
-* time is cut in fixed windows of ``window_s`` seconds, aligned to the store's clock
-  epoch (a window of 86400 s is a UTC day); a budget starts empty in every window;
-* a ``token`` (the call id) is counted at most once per window: spending again with the
-  same token answers True and adds nothing, so a redelivered call never spends twice;
-* an amount is admitted only if the window's total plus the amount stays within the limit.
+The rule is planned once, by :func:`aaa_celery.lifecycle.plan_spend` (windows, the token
+counted once per window, the limit); every backend applies the plan atomically (Redis in
+``lua/spend.lua``, which checks the budget is as it was read). This module checks a
+spend's arguments.
 
 Used by :class:`~aaa_celery.policy.Budget` and :class:`~aaa_celery.policy.RateLimit` rules.
 """
@@ -15,8 +12,9 @@ from __future__ import annotations
 
 import math
 
-#: Slack for float sums (0.1 + 0.2 spent against a limit of 0.3 is within it).
-EPSILON = 1e-9
+from ..lifecycle import EPSILON, admits, window_of
+
+__all__ = ["EPSILON", "admits", "check_spend", "window_of"]
 
 
 def check_spend(key: str, token: str, amount: float, limit: float, window_s: float) -> None:
@@ -30,13 +28,3 @@ def check_spend(key: str, token: str, amount: float, limit: float, window_s: flo
             raise ValueError(f"spend: {name} must be a finite number >= 0, not {value!r}")
     if isinstance(window_s, bool) or not isinstance(window_s, int | float) or not (0 < window_s < math.inf):
         raise ValueError(f"spend: window_s must be a positive number of seconds, not {window_s!r}")
-
-
-def window_of(now: float, window_s: float) -> int:
-    """The number of the window that ``now`` (store clock, seconds) falls in."""
-    return math.floor(now / window_s)
-
-
-def admits(total: float, amount: float, limit: float) -> bool:
-    """Whether ``amount`` more fits in a window that has ``total`` spent."""
-    return total + amount <= limit + EPSILON * max(1.0, abs(limit))

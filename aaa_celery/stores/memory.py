@@ -22,10 +22,13 @@ from ..lifecycle import (
     Lease,
     Outcome,
     RecordKind,
+    Writes,
     joined,
+    lapsed,
     event_id,
     merge_spec,
     plan_begin,
+    plan_checkpoint,
     plan_fenced,
     plan_finish,
     plan_hand_on,
@@ -33,10 +36,13 @@ from ..lifecycle import (
     plan_resolve,
     plan_recovery_claim,
     plan_release,
+    plan_settle,
+    plan_spend,
+    purgeable,
 )
 from ._writes import CallWriter, apply
 from .base import Store, new_token
-from .budgets import admits, check_spend, window_of
+from .budgets import check_spend
 from .ops import CallRecord
 from .runs_memory import DEFAULT_RUN_RETENTION, MemoryRuns
 
@@ -58,7 +64,11 @@ class _Call:
     checkpoint: str | None = None
 
     def live(self, now: float) -> bool:
-        return self.lease is not None and (self.lease.expires_at or 0) > now
+        return self.lease is not None and not lapsed(self.lease.expires_at, now)
+
+    def held_by(self, token: str, now: float) -> bool:
+        """Whether the lease with ``token`` is live and holds the call."""
+        return self.live(now) and self.lease is not None and self.lease.token == token
 
     def state(self, now: float) -> CallState:
         token = self.lease.token if self.lease is not None else ""
@@ -97,6 +107,12 @@ class _Writer(CallWriter):
     def let_go(self, token: str) -> None:
         if self.call.lease is not None and self.call.lease.token == token:
             self.call.lease = None
+
+    def checkpoint(self, checkpoint: str) -> None:
+        self.call.checkpoint = checkpoint
+
+    def settle(self, outcome: Outcome) -> None:
+        self.call.result = outcome
 
     def hand_on(self, lease: Lease) -> None:
         self.call.handed_on = lease.attempt
@@ -142,7 +158,7 @@ class MemoryStore(MemoryRuns, Store):
         with self._lock:
             now = self.now()
             rec = self._calls.get(lease.call_id)
-            if rec is None or rec.lease is None or rec.lease.token != lease.token or not rec.live(now):
+            if rec is None or rec.lease is None or not rec.held_by(lease.token, now):
                 return False
             rec.lease = replace(rec.lease, expires_at=now + lease.ttl_s)
             return True
@@ -172,16 +188,16 @@ class MemoryStore(MemoryRuns, Store):
             rec = self._calls.get(lease.call_id)
             if rec is not None:
                 now = self.now()
-                holds = rec.live(now) and rec.lease is not None and rec.lease.token == lease.token
-                apply(plan_hand_on(lease, holds), _Writer(rec, now))
+                apply(plan_hand_on(lease, rec.held_by(lease.token, now)), _Writer(rec, now))
 
     def save_checkpoint(self, lease: Lease, checkpoint: str) -> bool:
         with self._lock:
-            rec = self._calls.get(lease.call_id)
-            if rec is None or rec.lease is None or rec.lease.token != lease.token or not rec.live(self.now()):
+            rec, now = self._calls.get(lease.call_id), self.now()
+            writes = plan_checkpoint(lease, rec is not None and rec.held_by(lease.token, now), checkpoint)
+            if rec is None:
                 return False
-            rec.checkpoint = checkpoint
-            return True
+            kept: bool = apply(writes, _Writer(rec, now))
+            return kept
 
     def last_checkpoint(self, call_id: str) -> Checkpoint | None:
         with self._lock:
@@ -257,22 +273,21 @@ class MemoryStore(MemoryRuns, Store):
             outcome, event = plan_resolve(rec.spec if rec else CallSpec(call_id), rec.result if rec else None,
                                           verdict, note, by, value)
             assert rec is not None
-            rec.result = outcome
-            _Writer(rec, self.now()).append(event)
+            apply(Writes(settle=outcome, event=event), _Writer(rec, self.now()))
             return outcome
 
     def settle(self, call_id: str, expected: Outcome, outcome: Outcome, event: Draft) -> bool:
         with self._lock:
             rec = self._calls.get(call_id)
-            if rec is None or rec.result != expected:
+            if rec is None:
                 return False
-            rec.result = outcome
-            _Writer(rec, self.now()).append(event)
-            return True
+            settled: bool = apply(plan_settle(rec.result, expected, outcome, event), _Writer(rec, self.now()))
+            return settled
 
     def purge(self, before: float) -> int:
         with self._lock:
-            old = [k for k, rec in self._calls.items() if rec.result is not None and rec.registered_at < before]
+            # A call's one record holds every kind lifecycle.PURGED names.
+            old = [k for k, rec in self._calls.items() if purgeable(rec.result, rec.registered_at, before)]
             for k in old:
                 del self._calls[k]
             return len(old)
@@ -282,14 +297,13 @@ class MemoryStore(MemoryRuns, Store):
     def spend(self, key: str, token: str, amount: float, limit: float, window_s: float) -> bool:
         check_spend(key, token, amount, limit, window_s)
         with self._lock:
-            window = window_of(self.now(), window_s)
-            found, total, tokens = self._budgets.get(key, (window, 0.0, set()))
-            if found != window:
+            stored = self._budgets.get(key)
+            found, total, tokens = (None, 0.0, set()) if stored is None else stored
+            plan = plan_spend(found, total, token in tokens, amount, limit, window_s, self.now())
+            if plan.restart:
                 total, tokens = 0.0, set()
-            if token in tokens:
-                return True
-            if not admits(total, amount, limit):
-                return False
-            tokens.add(token)
-            self._budgets[key] = (window, total + amount, tokens)
-            return True
+            if plan.count is not None:
+                total += plan.count
+                tokens.add(token)
+            self._budgets[key] = (plan.window, total, tokens)
+            return plan.reply

@@ -32,9 +32,9 @@ _STATE_OF_ERROR = {"OutcomeUnknown": "unknown", "ExecutionAbandoned": "abandoned
 class CallRecord:
     """One call as the index shows it.
 
-    ``seen_at`` is when the store first saw the call (its registration or first
-    delivery; SQL stores: its last hand-on, if a retry handed it on), on the store's
-    clock. ``holder`` is the worker holding a live lease, else None.
+    ``seen_at`` is when the store last saw the call anew, on the store's clock: its
+    registration or first delivery, or the last hand-on, if a retry handed it on
+    (:func:`~aaa_celery.lifecycle.purgeable`). ``holder`` is the worker holding a live lease, else None.
     """
 
     call_id: str

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..lifecycle import lapsed
 from .runs import FINISHED, RunJournal, RunRecord, RunRecords
 
 #: How many finished runs a memory store keeps by default.
@@ -51,7 +52,7 @@ class MemoryRuns(RunRecords, RunJournal):
         return self.__dict__["_finished_runs"]  # type: ignore[no-any-return]
 
     def _view(self, run: _Run) -> RunRecord:
-        live = run.holder if run.holder is not None and run.lease_until > self.now() else None
+        live = run.holder if run.holder is not None and not lapsed(run.lease_until, self.now()) else None
         return RunRecord.from_json(run.record.to_json(), events=len(run.events), holder=live)
 
     def put_run(self, record: RunRecord) -> None:
@@ -142,7 +143,7 @@ class MemoryRuns(RunRecords, RunJournal):
             if run is None:
                 return False
             now = self.now()
-            if run.holder not in (None, holder) and run.lease_until > now:
+            if run.holder not in (None, holder) and not lapsed(run.lease_until, now):
                 return False
             run.holder, run.lease_until = holder, now + ttl_s
             return True

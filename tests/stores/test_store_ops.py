@@ -147,6 +147,26 @@ def test_purge_deletes_finished_calls_seen_before_the_cutoff_only(store_factory)
     assert store.purge(cutoff) == 0
 
 
+def test_a_call_handed_on_is_seen_again_then_by_calls_and_purge(store_factory):
+    """A retry hands a call on to its next delivery, which makes it wait as a newly
+    registered call: every store then shows it as seen at the hand-on, and a purge cutoff
+    before that keeps it (Redis kept the first registration's time, and purged it)."""
+    store = store_factory()
+    call = new_call()
+    first = claim(store, call, "w1", config()).lease
+    time.sleep(0.05)
+    cutoff = store.now()
+    time.sleep(0.05)
+    store.hand_on(first)
+    handed_at = store.now()
+    lease = claim(store, call, "w1", config()).lease
+    store.finish(lease, Outcome.success(1), config())
+
+    assert cutoff < records(store)[call.call_id].seen_at <= handed_at
+    assert store.purge(cutoff) == 0 and store.result(call.call_id) == Outcome.success(1, 2)
+    assert store.purge(store.now() + 1) == 1
+
+
 def test_purge_leaves_nothing_of_a_call_behind(store_factory):
     """Issue 20: the SQL purge deleted events, results, recoveries and calls but not
     ``aaa_checkpoints``, so a purged call id still read its old checkpoint."""
@@ -186,6 +206,24 @@ def test_settle_replaces_only_the_expected_result_and_audits(store_factory, lose
     assert store.result(call.call_id) == Outcome.success({"v": 1}, 1)
     assert [e.data for e in store.events(call.call_id) if e.type == "aaa.tool.reconciled"] == [{"found": "happened"}]
     assert call_state(records(store)[call.call_id]) == "completed"  # not an operator's resolution
+
+
+def test_settle_compares_the_result_as_recorded_on_every_store(store):
+    """lifecycle.same_outcome: settle replaces a result only if it is the very record
+    expected, as JSON, the form every store keeps. The memory and SQL stores compared
+    Python values, so an expected value ``True`` settled a result of ``1`` (and ``1.0`` one
+    of ``1``) where Redis, which compares the stored JSON, refused."""
+    from aaa_celery.lifecycle import Draft
+
+    call = new_call("pay")
+    lease = claim(store, call, "w1", config()).lease
+    store.finish(lease, Outcome.success(1), config())
+    event = Draft(f"{call.call_id}:reconciled", "aaa.tool.reconciled", call.call_id, 1, {})
+    for lookalike in (Outcome.success(True, 1), Outcome.success(1.0, 1)):
+        assert not store.settle(call.call_id, lookalike, Outcome.success(2, 1), event)
+    assert store.result(call.call_id) == Outcome.success(1, 1)
+    assert store.settle(call.call_id, Outcome.success(1, 1), Outcome.success(2, 1), event)
+    assert store.result(call.call_id) == Outcome.success(2, 1)
 
 
 def test_the_tenant_filter_takes_the_tenant_from_the_call_id_never_from_a_header():

@@ -72,6 +72,7 @@ from ...lifecycle import (
     CallSpec,
     CallState,
     Checkpoint,
+    checked_checkpoint,
     Claimed,
     Draft,
     Event,
@@ -83,12 +84,14 @@ from ...lifecycle import (
     Outcome,
     RecordKind,
     Refused,
+    Spend,
     Stale,
     compact_json,
     decide_begin,
     fenced_event,
     joined,
     merge_spec,
+    plan_spend,
     result_event,
     retried_event,
     spec_rank,
@@ -97,7 +100,7 @@ from ...lifecycle import (
     started_event,
 )
 from ..base import Store, StoreVersion, new_token, wrap_errors
-from ..budgets import EPSILON, check_spend
+from ..budgets import check_spend
 from ..ops import CallRecord
 from .client import CLUSTER_SCHEMES, CONNECT_ERRORS, ERRORS, SOCKET_TIMEOUT_S, evalsha, lua, ms
 from . import format_version
@@ -111,6 +114,9 @@ _INDEXES = ("running", "unclaimed")
 _KNOWN_SPECS = 4096
 #: Round trips an operation may take before a script that keeps asking again is a bug.
 _TRIES = 8
+#: Round trips a spend may take: each but the first finds that another spend changed the
+#: budget between its read and its write (a busy budget shared by a fleet).
+_SPEND_TRIES = 100
 
 
 def _json(record: CallSpec | Outcome) -> str:
@@ -353,7 +359,9 @@ class RedisStore(RedisRuns, Store):
         raise RuntimeError(f"record.lua kept asking again for {call.call_id!r}: {reply!r}")
 
     def save_checkpoint(self, lease: Lease, checkpoint: str) -> bool:
-        return bool(self._run("checkpoint", lease.call_id, lease.token, checkpoint))
+        # lifecycle.plan_checkpoint: the store keeps the checked checkpoint while the lease
+        # holds the call, which checkpoint.lua checks in the same step as the write.
+        return bool(self._run("checkpoint", lease.call_id, lease.token, checked_checkpoint(lease, checkpoint)))
 
     def last_checkpoint(self, call_id: str) -> Checkpoint | None:
         with wrap_errors(self.kind, *ERRORS):
@@ -411,9 +419,21 @@ class RedisStore(RedisRuns, Store):
         script = self._scripts.get("spend")
         if script is None:
             script = self._scripts["spend"] = self._redis.register_script(lua("spend"))
-        args = [token, repr(float(amount)), repr(float(limit)), ms(window_s), repr(EPSILON)]
-        with wrap_errors(self.kind, *ERRORS):
-            return bool(script(keys=[self.budget_key(key)], args=args, client=self._redis))
+        keys, window = [self.budget_key(key)], repr(float(window_s))
+        seen, plan = "?", Spend(False, 0)
+        for _ in range(_SPEND_TRIES):
+            count = "" if plan.count is None else repr(plan.count)
+            expires = math.ceil((plan.window + 1) * float(window_s) * 1000) + 1000
+            args = [token, window, seen, str(plan.window), "1" if plan.restart else "0", count, str(expires)]
+            with wrap_errors(self.kind, *ERRORS):
+                reply = script(keys=keys, args=args, client=self._redis)
+            if reply[0] == "done":
+                return plan.reply
+            now_ms, found, total, counted = reply[1:]
+            plan = plan_spend(None if found == "-" else int(found), 0.0 if total == "-" else float(total),
+                              counted == 1, amount, limit, window_s, int(now_ms) / 1000)
+            seen = f"{found} {total} {counted}"
+        raise RuntimeError(f"the budget {key!r} kept changing while it was spent")
 
     # -- Operators' verbs (stores/ops.py): each shard's ``calls`` index -------------------
 
@@ -470,6 +490,8 @@ class RedisStore(RedisRuns, Store):
         raise RuntimeError(f"the result of {call_id!r} kept changing while it was resolved")
 
     def settle(self, call_id: str, expected: Outcome, outcome: Outcome, event: Draft) -> bool:
+        # lifecycle.plan_settle: resolve.lua compares the stored JSON with expected's JSON
+        # (lifecycle.same_outcome) in the step that writes.
         reply = self._op("resolve", call_id, _json(expected), _json(outcome), *_event_args(event), "0")
         return bool(reply[0] == "resolved")
 

@@ -28,6 +28,18 @@ _NO_LEASE = {"lease_token": None, "lease_worker": None, "lease_attempt": None, "
 # -- Statements: every one the SQL stores run, by name -------------------------------
 
 
+def live_at(expires_at: sa.ColumnElement[Any], now: float) -> sa.ColumnElement[bool]:
+    """``not lifecycle.lapsed(expires_at, now)`` in SQL: a TTL lease is live strictly before
+    its expiry (NULL, no expiry, is no lease: ``NULL > now`` holds for no row)."""
+    return expires_at > now
+
+
+def lapsed_at(expires_at: sa.ColumnElement[Any], now: float) -> sa.ColumnElement[bool]:
+    """``lifecycle.lapsed(expires_at, now)`` in SQL: the negation of :func:`live_at`."""
+    return sa.or_(expires_at.is_(None), expires_at <= now)
+
+
+
 def insert_call_if_absent(insert: Insert, spec: CallSpec, now: float) -> sa.Executable:
     """Register a call unless its row exists (the row is what the row lock locks)."""
     row = {"call_id": spec.call_id, "spec": asdict(spec), "attempts": 0, "registered_at": now}
@@ -102,7 +114,7 @@ def renew_ttl_lease(call_id: str, token: str, now: float, ttl_s: float) -> sa.Up
     """Push back a live TTL lease's expiry; matches no row if the lease lapsed or moved."""
     return (
         calls.update()
-        .where(calls.c.call_id == call_id, calls.c.lease_token == token, calls.c.lease_expires_at > now)
+        .where(calls.c.call_id == call_id, calls.c.lease_token == token, live_at(calls.c.lease_expires_at, now))
         .values(lease_expires_at=now + ttl_s)
     )
 
@@ -257,7 +269,8 @@ def update_result(call_id: str, outcome: Outcome) -> sa.Update:
 
 
 def select_finished_before(before: float, limit: int) -> sa.Select[Any]:
-    """Up to ``limit`` calls with a result, registered before ``before``."""
+    """Up to ``limit`` calls a purge with cutoff ``before`` deletes (``lifecycle.purgeable``:
+    a result, and seen before the cutoff: ``registered_at``, which a hand-on moves)."""
     return (
         sa.select(calls.c.call_id)
         .join(results, results.c.call_id == calls.c.call_id)

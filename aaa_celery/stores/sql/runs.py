@@ -11,7 +11,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ...lifecycle import lapsed
 from ..runs import ACTIVE, FINISHED, RunJournal, RunRecord, RunRecords, tenant_key
+from .queries import lapsed_at
 from .schema import run_decisions, run_events, run_turns, runs
 
 _RUN_TABLES = (run_events, run_turns, run_decisions, runs)
@@ -30,7 +32,7 @@ class SQLRuns(RunRecords, RunJournal):
 
     def _view(self, conn: Connection, row: Any, now: float) -> RunRecord:
         count = conn.execute(sa.select(sa.func.count()).where(run_events.c.run_key == row.run_key)).scalar_one()
-        live = row.lease_holder if row.lease_holder is not None and (row.lease_expires_at or 0) > now else None
+        live = row.lease_holder if row.lease_holder is not None and not lapsed(row.lease_expires_at, now) else None
         return RunRecord.from_json(row.record, events=count, holder=live)
 
     def put_run(self, record: RunRecord) -> None:
@@ -127,7 +129,7 @@ class SQLRuns(RunRecords, RunJournal):
                 runs.update()
                 .where(runs.c.run_key == key,
                        sa.or_(runs.c.lease_holder.is_(None), runs.c.lease_holder == holder,
-                              runs.c.lease_expires_at <= now))
+                              lapsed_at(runs.c.lease_expires_at, now)))
                 .values(lease_holder=holder, lease_expires_at=now + ttl_s))
             return taken.rowcount == 1
 

@@ -29,7 +29,7 @@ from sqlalchemy.engine import Connection, Row
 from sqlalchemy.pool import StaticPool
 
 from ...config import GuardConfig
-from ...lifecycle import BeginResult, CallSpec, Lease
+from ...lifecycle import BeginResult, CallSpec, Lease, lapsed
 from ..base import new_token, wrap_errors
 from .runs import SQLRuns
 from .queries import renew_ttl_lease
@@ -98,7 +98,7 @@ class SQLiteStore(SQLRuns, SQLStore):
             yield conn
 
     def _live(self, rows: Sequence[Row[Any]], now: float, conn: Connection) -> set[str]:
-        return {r.call_id for r in rows if r.lease_token is not None and (r.lease_expires_at or 0) > now}
+        return {r.call_id for r in rows if r.lease_token is not None and not lapsed(r.lease_expires_at, now)}
 
     def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
         with self._write() as conn:

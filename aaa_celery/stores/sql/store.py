@@ -40,6 +40,7 @@ from ...lifecycle import (
     event_id,
     merge_spec,
     plan_begin,
+    plan_checkpoint,
     plan_fenced,
     plan_finish,
     plan_hand_on,
@@ -47,10 +48,14 @@ from ...lifecycle import (
     plan_resolve,
     plan_recovery_claim,
     plan_release,
+    plan_settle,
+    plan_spend,
+    window_of,
+    PURGED,
 )
 from .._writes import CallWriter, apply
 from ..base import Store, StoreVersion
-from ..budgets import admits, check_spend, window_of
+from ..budgets import check_spend
 from ..ops import CallRecord
 from .queries import (
     Insert,
@@ -91,6 +96,9 @@ from .schema import calls, checkpoints, events, recoveries, results
 
 # -- The store -------------------------------------------------------------------------
 
+#: The table of each kind of record lifecycle.PURGED names, in the order a purge deletes them.
+_TABLES = {"call": calls, "result": results, "events": events, "checkpoint": checkpoints, "recovery": recoveries}
+
 
 def _outcome(raw: dict[str, Any] | None) -> Outcome | None:
     return None if raw is None else Outcome(**raw)
@@ -117,6 +125,12 @@ class _Writer(CallWriter):
 
     def let_go(self, token: str) -> None:
         self.conn.execute(clear_lease(self.call_id, token))
+
+    def settle(self, outcome: Outcome) -> None:
+        self.conn.execute(update_result(self.call_id, outcome))
+
+    def checkpoint(self, checkpoint: str) -> None:
+        self.conn.execute(upsert_checkpoint(self.insert, self.call_id, checkpoint, self.now))
 
     def hand_on(self, lease: Lease) -> None:
         self.conn.execute(hand_on_attempt(self.call_id, lease, self.now))
@@ -296,10 +310,9 @@ class SQLStore(Store):
         with self._write() as conn:
             row = conn.execute(lease_holds(lease.call_id, lease.token)).one_or_none()
             now = self.now()
-            if row is None or row.call_id not in self._live([row], now, conn):
-                return False
-            conn.execute(upsert_checkpoint(self.insert, lease.call_id, checkpoint, now))
-            return True
+            holds = row is not None and row.call_id in self._live([row], now, conn)
+            kept: bool = self._apply(conn, plan_checkpoint(lease, holds, checkpoint), lease.call_id, now)
+            return kept
 
     def last_checkpoint(self, call_id: str) -> Checkpoint | None:
         with self._read() as conn:
@@ -374,20 +387,19 @@ class SQLStore(Store):
     def spend(self, key: str, token: str, amount: float, limit: float, window_s: float) -> bool:
         check_spend(key, token, amount, limit, window_s)
         with self._write() as conn:
-            window = window_of(self.now(), window_s)
-            conn.execute(insert_budget_if_absent(self.insert, key, window))
+            now = self.now()
+            # a new budget's row: empty in the current window (the row lock's row)
+            conn.execute(insert_budget_if_absent(self.insert, key, window_of(now, window_s)))
             found, total = conn.execute(select_budget_for_update(key)).one()
-            if found != window:
-                conn.execute(start_budget_window(key, window))
+            counted = conn.execute(select_budget_token(key, token)).first() is not None
+            plan = plan_spend(found, total, counted, amount, limit, window_s, now)
+            if plan.restart:
+                conn.execute(start_budget_window(key, plan.window))
                 conn.execute(delete_budget_tokens(key))
-                total = 0.0
-            elif conn.execute(select_budget_token(key, token)).first() is not None:
-                return True
-            if not admits(total, amount, limit):
-                return False
-            for statement in count_budget_spend(key, token, amount):
-                conn.execute(statement)
-            return True
+            if plan.count is not None:
+                for statement in count_budget_spend(key, token, plan.count):
+                    conn.execute(statement)
+            return plan.reply
 
     # -- Operators' verbs (stores/ops.py) ----------------------------------------------
 
@@ -416,26 +428,24 @@ class SQLStore(Store):
             row = conn.execute(select_call_for_update(call_id)).one_or_none()
             spec = CallSpec(**row.spec) if row is not None else CallSpec(call_id)
             outcome, event = plan_resolve(spec, self._result(conn, call_id), verdict, note, by, value)
-            conn.execute(update_result(call_id, outcome))
-            conn.execute(insert_event_if_absent(self.insert, event.stamp(self.now())))
+            self._apply(conn, Writes(settle=outcome, event=event), call_id, self.now())
             return outcome
 
     def settle(self, call_id: str, expected: Outcome, outcome: Outcome, event: Draft) -> bool:
         with self._write() as conn:
             if conn.execute(select_call_for_update(call_id)).one_or_none() is None:
                 return False
-            if self._result(conn, call_id) != expected:
-                return False
-            conn.execute(update_result(call_id, outcome))
-            conn.execute(insert_event_if_absent(self.insert, event.stamp(self.now())))
-            return True
+            writes = plan_settle(self._result(conn, call_id), expected, outcome, event)
+            settled: bool = self._apply(conn, writes, call_id, self.now())
+            return settled
 
     def purge(self, before: float) -> int:
         purged = 0
         while True:
             with self._write() as conn:
                 ids = list(conn.execute(select_finished_before(before, PAGE)).scalars())
-                for table in (events, results, recoveries, checkpoints, calls):
+                for kind in PURGED:
+                    table = _TABLES[kind]
                     conn.execute(table.delete().where(table.c.call_id.in_(ids)))
             purged += len(ids)
             if len(ids) < PAGE:

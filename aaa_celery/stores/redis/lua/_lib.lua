@@ -42,6 +42,14 @@ local function clock()
     t[1] .. '.' .. string.format('%06d', tonumber(t[2]))
 end
 
+-- Make the lease lapse at `expires` (ms, server clock), as lifecycle.lapsed says: from
+-- `expires` on. Redis keeps a key while its clock has not passed the key's expiry, so the
+-- lease key expires one clock step (1 ms) before; the running index scores the call
+-- `expires`, and RedisStore.expired lists it as lapsed from that score on.
+local function lease_until(expires)
+  redis.call('PEXPIREAT', LEASE, expires - 1)
+end
+
 -- Whether the lease with this token holds the call (an expired lease key is gone).
 local function holds(token)
   return redis.call('HGET', LEASE, 'token') == token

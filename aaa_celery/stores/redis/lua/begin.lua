@@ -34,7 +34,7 @@ end
 local expires = now + tonumber(ARGV[8])
 local function lease(attempt)
   redis.call('HSET', LEASE, 'token', ARGV[7], 'worker', ARGV[6], 'attempt', attempt)
-  redis.call('PEXPIRE', LEASE, ARGV[8])
+  lease_until(expires)
   redis.call('HSET', SPEC, 'token', ARGV[7])
   redis.call('ZREM', UNCLAIMED, CALL)
   redis.call('ZADD', RUNNING, expires, CALL)
@@ -48,7 +48,7 @@ if redis.call('HGET', SPEC, 'token') == ARGV[7] then
   return {'claimed', attempt, expires}
 end
 if redis.call('EXISTS', LEASE) == 1 then
-  return {'busy', redis.call('HGET', LEASE, 'worker'), now + redis.call('PTTL', LEASE)}
+  return {'busy', redis.call('HGET', LEASE, 'worker'), now + redis.call('PTTL', LEASE) + 1}
 end
 local spec = respec(ARGV[10], ARGV[11])
 if spec then

@@ -6,7 +6,8 @@
 -- ARGV[4], ARGV[5] id and JSON of the aaa.tool.retried event (lifecycle.retried_event)
 -- Touches: events; spec (handed_on, handed), lease, running and unclaimed if this token still holds the
 -- call: it leaves the running index for the unclaimed one, scored now, so recovery brings it
--- back only once the unclaimed grace has passed (as a newly registered call).
+-- back only once the unclaimed grace has passed (as a newly registered call), and the calls
+-- index scores it now too (seen now, as lifecycle.purgeable says).
 -- Returns 0 for an unknown call, else 1.
 
 if redis.call('EXISTS', SPEC) == 0 then
@@ -21,5 +22,6 @@ if holds(ARGV[2]) then
   redis.call('DEL', LEASE)
   redis.call('ZREM', RUNNING, CALL)
   redis.call('ZADD', UNCLAIMED, now, CALL)
+  redis.call('ZADD', CALLS, 'XX', now, CALL)  -- seen again now (lifecycle.purgeable)
 end
 return 1

@@ -1,8 +1,9 @@
--- purge.lua: retention on demand: delete one call first seen before a cutoff, if finished.
+-- purge.lua: retention on demand: delete one call seen before a cutoff, if finished
+-- (lifecycle.purgeable: its calls index score is when it was last seen anew).
 --
 -- KEYS: the call keys of _lib.lua.
 -- ARGV[1] call id     ARGV[2] the cutoff (ms, server clock)
--- Touches: every key of the call, and its entries in the shard's running, unclaimed and
+-- Touches: every key of the call (each kind of record lifecycle.PURGED names), and its entries in the shard's running, unclaimed and
 -- calls indexes.
 -- Returns 1: a finished call was deleted; 2: only its index entry was left (its keys
 -- expired with their retention) and is dropped; 0: kept (seen later, or no result yet).

@@ -2,13 +2,13 @@
 --
 -- KEYS: the call keys of _lib.lua.
 -- ARGV[1] call id     ARGV[2] lease token     ARGV[3] lease TTL (ms)
--- Touches: lease (PEXPIRE), running (the new expiry).
+-- Touches: lease (its expiry, _lib.lua's lease_until), running (the new expiry).
 -- Returns 1 if renewed, 0 if the lease lapsed or another attempt holds the call.
 
 if not holds(ARGV[2]) then
   return 0
 end
 local now = clock()
-redis.call('PEXPIRE', LEASE, ARGV[3])
+lease_until(now + tonumber(ARGV[3]))
 redis.call('ZADD', RUNNING, 'XX', now + tonumber(ARGV[3]), CALL)
 return 1
