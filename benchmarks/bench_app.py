@@ -9,6 +9,7 @@
     BENCH_RECOVERY_S    aaa_recovery_interval_s                   default: 2 (the library's)
     BENCH_VISIBILITY    broker visibility_timeout (s)             default: kombu's (3600)
     BENCH_STARTS        a Redis URL where sleepers log their starts
+    BENCH_BODY_MS       the overhead tasks' body sleeps this long  default: 0 (returns at once)
 
 Workers: ``celery -A benchmarks.bench_app worker -Q bench,aaa.default ...``
 """
@@ -22,7 +23,7 @@ from celery import Celery
 
 from aaa_celery.tools import ToolContext, ToolHandler
 from aaa_celery.worker.task import GuardedTask
-from benchmarks.bench_tools import registry
+from benchmarks.bench_tools import body, registry
 
 BROKER = os.environ.get("BENCH_BROKER", "")
 app = Celery("bench", broker=BROKER or None, backend=os.environ.get("BENCH_BACKEND") or None,
@@ -46,15 +47,15 @@ app.conf.update(
 )
 
 
-# -- overhead: the same trivial body three ways ---------------------------------------
+# -- overhead: the same body three ways (trivial, or a sleep of BENCH_BODY_MS) ---------------------------------------
 @app.task(name="bench.plain", acks_late=True)
 def plain(i: int) -> int:
-    return i
+    return body(i)
 
 
 @app.task(name="bench.guarded", base=GuardedTask)
 def guarded(i: int) -> int:
-    return i
+    return body(i)
 
 
 # -- takeover: a call that runs long on attempt 1 ------------------------------------

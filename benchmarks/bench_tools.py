@@ -1,14 +1,27 @@
-"""The benchmarks' tools: a no-op for the overhead, three an agent calls for the engine."""
+"""The benchmarks' tools: a no-op (or a sleep) for the overhead, three an agent calls for the engine."""
 
 from __future__ import annotations
 
+import os
+import time
+
 from aaa_celery.tools import ToolRegistry, tool
+
+#: The overhead tasks' body: a sleep this long (``BENCH_BODY_MS``), like a tool waiting on I/O.
+BODY_S = float(os.environ.get("BENCH_BODY_MS") or 0) / 1000
+
+
+def body(i: int) -> int:
+    """The overhead benchmark's body: return i, after ``BODY_S`` of sleep."""
+    if BODY_S:
+        time.sleep(BODY_S)
+    return i
 
 
 @tool
 def noop(i: int) -> int:
     """Return i."""
-    return i
+    return body(i)
 
 
 @tool

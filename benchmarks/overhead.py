@@ -24,10 +24,14 @@ The store is a second ``redis-server``, so its commands are the guard's alone. W
 autocommitted statement is one) instead of Redis commands, and its CPU is that of the
 server's processes.
 
-    python benchmarks/overhead.py                    # 5000 calls, 3 rounds, both pools
-    python benchmarks/overhead.py --quick            # < 30 s smoke run
+Each run ends with one table of the added cost per call, per store and pool: the worker's
+added CPU, the store server's added CPU, and the store round trips (worker + publish).
+
+    python benchmarks/overhead.py                    # Redis then PostgreSQL: 5000 calls, 3 rounds, both pools
+    python benchmarks/overhead.py --quick            # < 60 s smoke run, both stores and pools
+    python benchmarks/overhead.py --body-ms 100 --calls 400   # a 100 ms (sleeping) body, the same way
     python benchmarks/overhead.py --store memory://  # diagnostic: the guard without store round trips
-    python benchmarks/overhead.py --store postgresql # the guard on a durable PostgreSQL store
+    python benchmarks/overhead.py --store postgresql # one store only: a durable PostgreSQL
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import argparse
 import re
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,9 +72,10 @@ QUEUE, STAGING = "bench", "bench.staging"
 
 #: Commands the store's Lua scripts run: INFO commandstats counts them too, but they travel
 #: inside one EVALSHA round trip. TIME is also the recovery sweep's clock read (1 per sweep).
-LUA_DIR = Path(__file__).resolve().parent.parent / "aaa_celery" / "stores" / "lua"
+LUA_DIR = Path(__file__).resolve().parent.parent / "aaa_celery" / "stores" / "redis" / "lua"
 IN_SCRIPT = {m.lower() for f in LUA_DIR.glob("*.lua")
              for m in re.findall(r"redis\.call\(['\"]([A-Za-z]+)['\"]", f.read_text())}
+assert IN_SCRIPT, f"no redis.call in {LUA_DIR}/*.lua: round trips would count every command a script runs"
 NOT_COUNTED = {"info"}  # this benchmark's own reads
 
 
@@ -229,7 +235,72 @@ def report(summary: dict[str, Any]) -> str:
                  "Guard overhead: trivial calls drained by one worker")
 
 
-QUICK = "300 calls, 1 round, prefork"
+def added_cost(store: str, summary: dict[str, Any]) -> list[list[Any]]:
+    """Rows of the added-cost table: per pool and guarded variant, what a call costs more
+    than the same plain call (the plain round's worker CPU and store server CPU subtracted)."""
+    rows = []
+    for pool, s in summary.items():
+        plain = s.get("plain")
+        for v, x in s.items():
+            if v == "plain" or plain is None:
+                continue
+            ratio = x.get("ratio_to_plain") or {"median": float("nan"), "min": float("nan"), "max": float("nan")}
+            rows.append([
+                store, pool, v, f"{ratio['median']:.2f} ({ratio['min']:.2f}–{ratio['max']:.2f})",
+                x["worker_cpu_ms_per_call"] - plain["worker_cpu_ms_per_call"],
+                x["store_server_cpu_ms_per_call"] - plain["store_server_cpu_ms_per_call"],
+                x["store_cmds_per_call_drain"], x["store_cmds_per_call_publish"],
+                x["store_cmds_per_call_drain"] + x["store_cmds_per_call_publish"],
+            ])
+    return rows
+
+
+def cost_table(rows: list[list[Any]], body_ms: float) -> str:
+    body = f"a {body_ms:g} ms sleeping body" if body_ms else "a trivial body"
+    return table(["store", "pool", "variant", "÷ plain median (min–max)", "added worker CPU ms / call",
+                  "added store server CPU ms / call", "store round trips / call: worker",
+                  "… at publish", "… total"], rows,
+                 f"Added cost per call, {body} (round trips: Redis scripts and commands; "
+                 "PostgreSQL: server transactions)")
+
+
+QUICK = "200 calls (40 with --body-ms 100), 1 round, both pools, Redis and PostgreSQL"
+#: --stores names: the store URL each passes to a run of its own.
+STORES = {"redis": "", "postgresql": "postgresql"}
+
+
+def run_stores(args: argparse.Namespace) -> int:
+    """One run per store, each in a process of its own (the publisher's app reads its store
+    from the environment once), then one table of them all."""
+    import json
+
+    from benchmarks._common import RESULTS
+
+    kinds = [k for k in args.stores.split(",") if k]
+    unknown = [k for k in kinds if k not in STORES]
+    if unknown:
+        raise SystemExit(f"--stores: unknown {unknown}; choose from {sorted(STORES)} (or pass --store URL)")
+    parts, costs = {}, []
+    for kind in kinds:
+        out = f"{args.out}_{kind}"
+        child = [sys.executable, str(Path(__file__).resolve()), "--store", STORES[kind] or "redis",
+                 "--calls", str(args.calls), "--rounds", str(args.rounds), "--pools", args.pools,
+                 "--variants", ",".join(args.variants), "--timeout", str(args.timeout),
+                 "--body-ms", str(args.body_ms), "--out", out]
+        print(f"== {kind}: {' '.join(child[1:])}", flush=True)
+        subprocess.run(child, check=True)
+        parts[kind] = json.loads((RESULTS / f"{out}.json").read_text())
+        costs += added_cost(kind, parts[kind]["summary"])
+    text = cost_table(costs, args.body_ms)
+    print()
+    for kind, part in parts.items():
+        print(f"-- {kind}\n{part['table']}\n")
+    print(text)
+    path = write_json(args.out, {"config": vars(args), "table": text,
+                                 "stores": {k: {"file": f"{args.out}_{k}.json", "summary": p["summary"]}
+                                            for k, p in parts.items()}})
+    print(f"\nwrote {path} (and one file per store beside it)")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,16 +310,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pools", default="prefork,threads", help="prefork (-c 2), threads (-c 8)")
     ap.add_argument("--variants", default="plain,guarded,tool", help="default %(default)s")
     ap.add_argument("--timeout", type=float, default=300, help="max seconds per drain (default %(default)s)")
-    ap.add_argument("--store", default="", help="the guard's store URL instead of the second redis-server; "
+    ap.add_argument("--stores", default="redis,postgresql",
+                    help="stores measured one after the other, then one added-cost table "
+                         "(default %(default)s): redis is a second redis-server, postgresql a durable PostgreSQL")
+    ap.add_argument("--store", default="", help="one store only: redis, postgresql, or a store URL; "
                     "memory:// (one store per process, no fleet-wide guarantee) shows what the guard costs "
-                    "without its store round trips; postgresql starts a durable PostgreSQL for it")
+                    "without its store round trips")
+    ap.add_argument("--body-ms", type=float, default=0.0,
+                    help="every variant's body sleeps this long (a tool waiting on I/O: try 10 and 100); "
+                         "default 0, a trivial body")
     args = ap.parse_args(argv)
     if args.quick:
-        args.calls, args.rounds, args.pools = 300, 1, "prefork"
+        args.calls, args.rounds = (40 if args.body_ms >= 50 else 200), 1
     args.variants = args.variants.split(",")
+    if not args.store:
+        return run_stores(args)
+    if args.store == "redis":
+        args.store = ""
     pools = args.pools.split(",")
     logdir = Path(tempfile.mkdtemp(prefix="aaa-bench-overhead-"))
     rows = []
+    kind = "postgresql" if args.store == "postgresql" else (args.store.partition(":")[0] or "redis")
     with ExitStack() as stack:
         broker_srv = stack.enter_context(redis_server(appendonly=False))
         store_srv = stack.enter_context(redis_server())
@@ -259,12 +341,12 @@ def main(argv: list[str] | None = None) -> int:
             store_stats, args.store = PostgresStats(pg), pg.url
         env = {"BENCH_BROKER": broker_srv.url, "BENCH_BACKEND": broker_srv.url[:-1] + "1",
                "BENCH_STORE": args.store or store_srv.url, "BENCH_STORE_SERVER": store_srv.url,
-               "BENCH_QUEUE": QUEUE}
+               "BENCH_QUEUE": QUEUE, "BENCH_BODY_MS": str(args.body_ms)}
         os.environ.update(env)  # before bench_app is imported: it reads them
         for pool in pools:
             rows += run_pool(pool, args, env, logdir, store_stats)
     summary = summarize(rows, pools, args.variants)
-    text = report(summary)
+    text = report(summary) + "\n\n" + cost_table(added_cost(kind, summary), args.body_ms)
     print()
     print(text)
     path = write_json(args.out, {"config": {**vars(args), "pools": {p: POOLS[p] for p in pools}},

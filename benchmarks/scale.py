@@ -25,6 +25,7 @@ its default durability (``fsync`` on: each commit waits for its WAL flush).
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -91,6 +92,12 @@ class RedisProbe:
         stats = self.client.info("commandstats")
         return float(sum(stats.get(f"cmdstat_{c}", {}).get("usec", 0) for c in ("evalsha", "eval")))
 
+    def commands(self) -> dict[str, tuple[int, int]]:
+        """``INFO commandstats``: (calls, usec) per command so far. A script's own commands are
+        counted inside its ``evalsha`` time too."""
+        return {k.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+                for k, v in self.client.info("commandstats").items()}
+
     def reset(self) -> None:
         self.client.flushdb()
 
@@ -125,6 +132,9 @@ class PostgresProbe:
     def script_us(self) -> float:
         return float("nan")
 
+    def commands(self) -> dict[str, tuple[int, int]]:
+        return {}
+
     def reset(self) -> None:
         import psycopg
 
@@ -135,6 +145,19 @@ class PostgresProbe:
             )
             con.execute("TRUNCATE aaa_calls, aaa_results, aaa_events")
             con.execute("VACUUM ANALYZE")
+
+
+def server_cost(probe: Any, ops: int, cpu0: float, cmds0: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """What the store server spent on ``ops`` operations since ``cpu0`` / ``cmds0``: its CPU
+    (µs per op, from ``INFO cpu`` or /proc), and per command the calls and the µs per call
+    (``INFO commandstats``): figures that hold on a loaded machine, unlike wall-clock latency."""
+    cpu = probe.cpu() - cpu0
+    per_cmd = {}
+    for cmd, (calls, usec) in probe.commands().items():
+        c0, u0 = cmds0.get(cmd, (0, 0))
+        if calls > c0 and cmd != "info":
+            per_cmd[cmd] = {"calls_per_op": (calls - c0) / ops, "usec_per_call": (usec - u0) / (calls - c0)}
+    return {"cpu_us_per_op": cpu / ops * 1e6, "commands": per_cmd}
 
 
 def measure(store: Store, probe: Any, n: int, k: int, label: str) -> dict[str, Any]:
@@ -157,10 +180,12 @@ def measure(store: Store, probe: Any, n: int, k: int, label: str) -> dict[str, A
 
     # With N held: K new begins, K renewals of held leases, the recovery query, K finishes.
     begin_lat, probe_leases = [], []
+    cpu0, cmds0 = probe.cpu(), probe.commands()
     for i in range(k):
         result, dt = timed(store.begin, spec(i, f"{run}p"), worker, SCALE_CONFIG)
         begin_lat.append(dt)
         probe_leases.append(result.lease)
+    begin_server = server_cost(probe, k, cpu0, cmds0)
     sample = random.Random(n).sample(leases, min(len(leases), max(k, 2000)))
     cpu0, script0 = probe.cpu(), probe.script_us()
     renew_lat = []
@@ -178,9 +203,11 @@ def measure(store: Store, probe: Any, n: int, k: int, label: str) -> dict[str, A
         assert not found, f"{label}: {len(found)} held calls reported as expired"
         expired_lat.append(dt)
     finish_lat = []
+    cpu0, cmds0 = probe.cpu(), probe.commands()
     for lease in probe_leases:
         verdict, dt = timed(store.finish, lease, ok, SCALE_CONFIG)
         finish_lat.append(dt)
+    finish_server = server_cost(probe, k, cpu0, cmds0)
 
     t0 = time.perf_counter()
     for lease in leases:
@@ -199,6 +226,8 @@ def measure(store: Store, probe: Any, n: int, k: int, label: str) -> dict[str, A
         "begin": lat(begin_lat),
         "renew": lat(renew_lat),
         "finish": lat(finish_lat),
+        "begin_server": begin_server,
+        "finish_server": finish_server,
         "expired_sweep": lat(expired_lat),
         "drain_finish_per_s": n / drain_s,
         "bytes_per_leased_call": (mem1 - mem0) / n,
@@ -227,12 +256,26 @@ class BigPostgres(DurablePostgres):
                 "max_locks_per_transaction": str(self.max_locks_per_transaction)}
 
 
-def run_redis(sizes: list[int], k: int) -> list[dict[str, Any]]:
+def pin(server_pids: list[int], enabled: bool) -> None:
+    """Put the store server on the last core and this client on the others (``--pin``), so
+    that the two do not take turns on one core; new PostgreSQL backends inherit the
+    postmaster's affinity."""
+    cores = sorted(os.sched_getaffinity(0))
+    if not enabled or len(cores) < 2:
+        return
+    for pid in server_pids:
+        os.sched_setaffinity(pid, {cores[-1]})
+    os.sched_setaffinity(0, set(cores[:-1]))
+
+
+def run_redis(sizes: list[int], k: int, pinned: bool = False) -> list[dict[str, Any]]:
     from benchmarks._common import redis_server
     from aaa_celery.stores.redis import RedisStore
 
     rows = []
     with redis_server() as server:
+        assert server.proc is not None
+        pin([server.proc.pid], pinned)
         store = RedisStore(server.url)
         probe = RedisProbe(server.url)
         for n in sizes:
@@ -242,7 +285,7 @@ def run_redis(sizes: list[int], k: int) -> list[dict[str, Any]]:
     return rows
 
 
-def run_postgres(sizes: list[int], k: int, max_connections: int) -> list[dict[str, Any]]:
+def run_postgres(sizes: list[int], k: int, max_connections: int, pinned: bool = False) -> list[dict[str, Any]]:
     from aaa_celery.stores.sql.postgres import PostgresStore
 
     BigPostgres.max_connections = max_connections
@@ -251,6 +294,8 @@ def run_postgres(sizes: list[int], k: int, max_connections: int) -> list[dict[st
     rows = []
     server = BigPostgres.start()
     try:
+        root = server.pid()
+        pin([root, *children(root)] if root else [], pinned)
         store = PostgresStore(server.url)
         probe = PostgresProbe(server)
         for n in sizes:
@@ -298,6 +343,23 @@ def report(rows: list[dict[str, Any]]) -> str:
          "server CPU µs / renew", "in-script µs / renew", f"heartbeat: server CPU µs / running call / s (heartbeat {DEFAULT_HEARTBEAT_S:g} s)",
          "running calls one server core can heartbeat", "begin/s (fill)"], cost_rows,
         "Memory and heartbeat cost"))
+    server_rows = []
+    for r in rows:
+        if r.get("held") is None:
+            continue
+        b, f = r["begin_server"], r["finish_server"]
+        script = "evalsha" if r["store"] == "redis" else ""
+        server_rows.append([
+            r["store"], r["held"], b["cpu_us_per_op"],
+            b["commands"].get(script, {}).get("usec_per_call", float("nan")),
+            f["cpu_us_per_op"], f["commands"].get(script, {}).get("usec_per_call", float("nan")),
+            ", ".join(f"{c} {x['usec_per_call']:.2f}" for c, x in sorted(b["commands"].items()) if c != script),
+        ])
+    out.append("")
+    out.append(table(
+        ["store", "held", "begin: server CPU µs / op", "begin: evalsha µs / call", "finish: server CPU µs / op",
+         "finish: evalsha µs / call", "begin: µs / call of each command inside the script"], server_rows,
+        "The store server's own work per operation (INFO cpu, INFO commandstats): holds under load"))
     notes = [r["note"] for r in rows if r.get("note")]
     if notes:
         out += ["", *[f"- postgresql {r['requested']:,}: {r['note']}" for r in rows if r.get("note")]]
@@ -315,6 +377,8 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out[kind] = {
             "from": lo["held"], "to": hi["held"],
             **{f"{op}_p99_ratio": hi[op]["p99_ms"] / lo[op]["p99_ms"] for op in ("begin", "renew", "finish")},
+            **{f"{op}_server_cpu_ratio": hi[f"{op}_server"]["cpu_us_per_op"] / lo[f"{op}_server"]["cpu_us_per_op"]
+               for op in ("begin", "finish") if lo[f"{op}_server"]["cpu_us_per_op"]},
         }
     return out
 
@@ -332,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pg-max-connections", type=int, default=300,
                     help="max_connections of the benchmark's PostgreSQL (default %(default)s)")
     ap.add_argument("--stores", default="redis,postgresql", help="which stores (default %(default)s)")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin the store server to the last core and this client to the others")
     args = ap.parse_args(argv)
     if args.quick:
         args.sizes, args.pg_sizes, args.probe, args.pg_probe, args.pg_max_connections = "1000", "100", 200, 50, 200
@@ -341,9 +407,9 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[dict[str, Any]] = []
     if "redis" in stores:
-        rows += run_redis(sizes, args.probe)
+        rows += run_redis(sizes, args.probe, args.pin)
     if "postgresql" in stores:
-        rows += run_postgres(pg_sizes, args.pg_probe, args.pg_max_connections)
+        rows += run_postgres(pg_sizes, args.pg_probe, args.pg_max_connections, args.pin)
     text = report(rows)
     growth = ratios(rows)
     print()
@@ -351,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     for kind, g in growth.items():
         print(f"\n{kind}: p99 at {g['to']:,} / p99 at {g['from']:,}: begin {g['begin_p99_ratio']:.2f}x, "
               f"renew {g['renew_p99_ratio']:.2f}x, finish {g['finish_p99_ratio']:.2f}x (target: begin/finish <= 2x)")
+        if "begin_server_cpu_ratio" in g:
+            print(f"{kind}: server CPU per op at {g['to']:,} / at {g['from']:,}: begin {g['begin_server_cpu_ratio']:.2f}x, "
+                  f"finish {g.get('finish_server_cpu_ratio', float('nan')):.2f}x")
     path = write_json(args.out, {"config": {"lease_ttl_s": SCALE_CONFIG.lease_ttl_s,
                                             "heartbeat_costed_at_s": DEFAULT_HEARTBEAT_S, **vars(args)},
                                  "rows": rows, "p99_growth": growth, "table": text})
