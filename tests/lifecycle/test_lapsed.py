@@ -3,8 +3,8 @@
 One table of cases (a lease's expiry against the clock) runs against the lifecycle function,
 the memory and SQLite stores on an injected clock, the SQL clauses on SQLite and PostgreSQL,
 and the Redis lease key and recovery index on a real server, so the forms cannot drift.
-(A PostgreSQL lease is bound to a session and has no expiry: it lapses with its session,
-which the conformance suite's ``lose_lease`` covers.)
+A PostgreSQL lease is bound to a session and has no expiry: it lapses with its session, and
+a table of how a lease ends runs against that store's three forms of the question.
 """
 
 from __future__ import annotations
@@ -102,3 +102,33 @@ def test_the_redis_lease_key_and_recovery_index(redis_url: str) -> None:
             assert (exists == 0) is want and (listed == 1) is want, (after, exists, listed)
     finally:
         store.close()
+
+
+#: How a PostgreSQL lease (a session's advisory lock, no expiry) ends, and whether it lapsed.
+SESSION_CASES = [("held", False), ("released", True), ("session terminated", True)]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("how, want", SESSION_CASES)
+def test_the_postgresql_session_forms(postgres_url: str, how: str, want: bool) -> None:
+    """Its three forms: the lock scan of ``_live`` (another store's ``calls()``), the holding
+    store's own check (``OWN_LEASE_HELD``) and another store's look-up by the holder's pid
+    (``LEASE_STILL_HELD``), each read through ``renew``."""
+    from ..stores.conftest import lose_lease
+
+    holder, other = open_store(postgres_url), open_store(postgres_url)
+    try:
+        call = CallSpec(f"pg-lapsed-{how.replace(' ', '-')}")
+        got = holder.begin(call, "w", GuardConfig(lease_ttl_s=TTL))
+        assert isinstance(got, Claimed)
+        if how == "released":
+            holder.release(got.lease)
+        elif how == "session terminated":
+            lose_lease(holder, got.lease)
+        (row,) = [r for r in other.calls() if r.call_id == call.call_id]
+        assert (row.holder is None) is want
+        assert (not other.renew(got.lease)) is want
+        assert (not holder.renew(got.lease)) is want
+    finally:
+        holder.close()
+        other.close()

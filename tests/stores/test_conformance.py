@@ -479,6 +479,9 @@ def test_record_from_outside_an_attempt_first_writer_wins_and_frees_the_lease(st
                                           (FAILED, f"{held.call_id}:result", 0)]
     assert store.events(held.call_id)[-1].data["name"] == held.name
     assert not store.renew(lease)
+    # (every reader sees no holder: PostgreSQL's calls() showed the holder whose session
+    # still held the lock, though the call's row named no lease any more)
+    assert next(r for r in other.calls() if r.call_id == held.call_id).holder is None
     # And a second record, or the holder's late finish, keeps that result
     assert other.record(CallSpec(held.call_id), Outcome.failure("TaskRevokedError", "expired")) is False
     assert isinstance(store.finish(lease, Outcome.success(1), cfg), Stale)

@@ -415,7 +415,9 @@ class SQLStore(Store):
                 ids = [r.call_id for r in rows]
                 resolved = set(conn.execute(select_resolved(ids)).scalars())
             for r in rows:
-                holder = (r.lease_worker or "") if r.call_id in live else None
+                # A result frees the call's lease, whoever holds it (Writes.record); a
+                # PostgreSQL holder's lock lingers until that holder lets it go.
+                holder = (r.lease_worker or "") if r.call_id in live and r.outcome is None else None
                 yield CallRecord(r.call_id, CallSpec(**r.spec), r.registered_at, r.attempts,
                                  _outcome(r.outcome), holder, r.call_id in resolved)
             if len(rows) < PAGE:

@@ -11,5 +11,9 @@ local current = redis.call('GET', KEYS[1])
 if current and current ~= ARGV[1] then
   return 0
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+-- The lease lapses at now + TTL (lifecycle.lapsed: from its expiry on); Redis keeps a key
+-- until its clock has passed the key's expiry, so the key expires 1 ms (its step) before.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('SET', KEYS[1], ARGV[1], 'PXAT', now + tonumber(ARGV[2]) - 1)
 return 1
