@@ -77,7 +77,8 @@ class PostgresCounts:
         return {"cpu_s": self.probe.cpu(), "transactions": int(xacts), "calls_rows_examined": int(rows or 0)}
 
 
-def sweep_rows(kind: str, open_store: Any, counts: Any, reset: Any, lose: Any, n: int, lapsed: int) -> dict[str, Any]:
+def sweep_rows(kind: str, open_store: Any, counts: Any, reset: Any, lose: Any, n: int, lapsed: int,
+               analyze: Any = lambda: None) -> dict[str, Any]:
     from aaa_celery.worker.recovery import Recovery
 
     reset()
@@ -85,6 +86,7 @@ def sweep_rows(kind: str, open_store: Any, counts: Any, reset: Any, lose: Any, n
     for i in range(n):
         store.begin(spec(i, f"live{n}"), "bench/live", SCALE_CONFIG)
     lose([spec(i, f"lapsed{n}") for i in range(lapsed)])
+    analyze()
     sweeps = []
     for k in range(SWEEPS):
         sweeper = open_store()  # its own store, closed after the sweep: PostgreSQL then flushes its counters
@@ -138,11 +140,19 @@ def run_postgres(sizes: list[int], lapsed: int) -> list[dict[str, Any]]:
                 store.begin(s, "bench/lost", SCALE_CONFIG)
             store.close()  # its lease session ends: every lease on it lapses
 
+        def analyze() -> None:
+            # as autovacuum would: reset() analyzed the tables empty, and with those statistics
+            # the planner reads a call by a sequential scan
+            import psycopg
+
+            with psycopg.connect(libpq_url(server.url), autocommit=True) as con:
+                con.execute("ANALYZE")
+
         rows = []
         for n in sizes:
             PostgresStore(server.url).close()  # the tables, before reset() truncates them
             rows.append(sweep_rows("postgresql", lambda: PostgresStore(server.url), counts, counts.probe.reset,
-                                   lose, n, lapsed))
+                                   lose, n, lapsed, analyze))
         return rows
     finally:
         server.stop()
