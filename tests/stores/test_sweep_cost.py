@@ -114,3 +114,48 @@ def test_postgres_sweep_reads_the_same_with_ten_times_the_live_leases(postgres_u
     # Then the sweep lists the same lapsed calls, and examines no more rows
     assert found_few == found_many == lapsed
     assert rows_many <= rows_few + 2 * LAPSED, (rows_few, rows_many)
+
+
+def rows_fetched(store, fn):
+    """``fn()``'s value, and how many rows the store's statements returned to it meanwhile."""
+    from sqlalchemy import event
+
+    fetched = [0]
+
+    def count(conn, cursor, statement, parameters, context, executemany):
+        if cursor.description is not None:  # a statement that returns rows
+            fetched[0] += max(cursor.rowcount, 0)
+
+    event.listen(store.engine, "after_cursor_execute", count)
+    try:
+        return fn(), fetched[0]
+    finally:
+        event.remove(store.engine, "after_cursor_execute", count)
+
+
+def test_postgres_claim_recovery_reads_no_more_with_ten_times_the_live_leases(postgres_url):
+    """A sweep claims each lapsed call (claim_recovery) every time it sees it: that check of the
+    one call's lease must not read every lease the server holds."""
+    from aaa_celery.stores.sql.postgres import PostgresStore
+
+    # Given lapsed calls (their lease session ended), live leases, and a sweeper's store
+    lost = PostgresStore(postgres_url)
+    lapsed = [claim(lost, new_call(), "worker-dead", config()).lease.call_id for _ in range(2)]
+    lost.close()
+    live, sweeper = PostgresStore(postgres_url), PostgresStore(postgres_url)
+    try:
+        held = [claim(live, new_call(), "worker-live", config()).lease.call_id for _ in range(FEW)]
+        tries_few, rows_few = rows_fetched(sweeper, lambda: sweeper.claim_recovery(lapsed[0], "sweeper", 30.0))
+
+        # When ten times as many leases are live
+        for _ in range(MANY - FEW):
+            claim(live, new_call(), "worker-live", config())
+        tries_many, rows_many = rows_fetched(sweeper, lambda: sweeper.claim_recovery(lapsed[1], "sweeper", 30.0))
+
+        # Then each lapsed call is claimed, a live one is not, and the claim reads as many rows
+        assert (tries_few, tries_many) == (1, 1)
+        assert sweeper.claim_recovery(held[0], "sweeper", 30.0) == 0
+        assert rows_many <= rows_few, (rows_few, rows_many)
+    finally:
+        sweeper.close()
+        live.close()

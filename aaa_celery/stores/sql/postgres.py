@@ -111,6 +111,11 @@ OWN_LEASE_HELD = sa.text(
     " EXISTS (SELECT 1 FROM aaa_calls WHERE call_id = :call_id AND lease_token = :token) AS held"
 )
 
+#: Whether no session holds a call's lease: a shared lock on its key is granted only then. It
+#: is held until the transaction ends, so no ``begin`` can claim the call before it commits.
+#: One lock looked at, where ``pg_locks`` copies the server's whole lock table.
+LEASE_FREE = sa.text("SELECT pg_try_advisory_xact_lock_shared(:key)")
+
 #: Every advisory lock held in this database, as the two halves of its key.
 HELD_ADVISORY_LOCKS = sa.text(
     """
@@ -392,6 +397,12 @@ class PostgresStore(SQLRuns, SQLStore):
     def _live(self, rows: Sequence[Row[Any]], now: float, conn: Connection) -> set[str]:
         held = {(r.hi, r.lo) for r in conn.execute(HELD_ADVISORY_LOCKS)}
         return {r.call_id for r in rows if key_halves(lock_key(r.call_id)) in held}
+
+    def _holder_live(self, conn: Connection, row: Row[Any], now: float) -> bool:
+        """One lease, probed by its key (:data:`LEASE_FREE`): what a recovery claim asks of each
+        lapsed call costs the same however many leases the server holds. A ``begin`` of the call
+        while the claim's transaction lasts finds it busy; the claim then republishes it."""
+        return not conn.execute(LEASE_FREE, {"key": lock_key(row.call_id)}).scalar_one()
 
     def _write_one(self) -> AbstractContextManager[Connection]:
         return self._autocommit()

@@ -168,6 +168,11 @@ class SQLStore(Store):
     def _live(self, rows: Sequence[Row[Any]], now: float, conn: Connection) -> set[str]:
         """The call ids among ``rows`` whose lease is live."""
 
+    def _holder_live(self, conn: Connection, row: Row[Any], now: float) -> bool:
+        """Whether the lease of one locked call row is live (a backend may look at that one
+        lease alone, instead of :meth:`_live`'s view of every lease)."""
+        return row.call_id in self._live([row], now, conn)
+
     def _lock_schema(self, conn: Connection) -> None:  # noqa: B027 - optional hook
         """Keep other processes from creating or upgrading the schema until ``conn``'s
         transaction ends (SQLite: the write transaction's lock already does)."""
@@ -347,13 +352,15 @@ class SQLStore(Store):
     def claim_recovery(self, call_id: str, worker: str, hold_s: float, max_hold_s: float | None = None) -> int:
         with self._write() as conn:
             now = self.now()
-            row = self._unheld(conn, call_id, now)
-            if row is None:
+            row = conn.execute(select_call_for_update(call_id)).one_or_none()
+            if row is None or self._result(conn, call_id) is not None:
                 return 0
             counted = conn.execute(select_recovery(call_id)).one_or_none()
             claim = plan_recovery_claim(row.attempts, None if counted is None else (counted.attempts, counted.tries),
                                         row.recovery_until, now, hold_s, max_hold_s)
-            if claim is None:
+            # the lease is looked at last, and only for a claim the plan would make: most sweeps
+            # find the call held by an earlier republish
+            if claim is None or self._holder_live(conn, row, now):
                 return 0
             tries, until = claim
             conn.execute(upsert_recovery(self.insert, call_id, row.attempts, tries))
@@ -374,13 +381,6 @@ class SQLStore(Store):
             writes = plan_record(kind, self._state(conn, row, live), spec, outcome)
             recorded: bool = self._apply(conn, writes, call.call_id, now)
             return recorded
-
-    def _unheld(self, conn: Connection, call_id: str, now: float) -> Row[Any] | None:
-        """Lock a known call's row and return it if it has no result and no live lease."""
-        row = conn.execute(select_call_for_update(call_id)).one_or_none()
-        if row is None or self._result(conn, call_id) is not None or self._live([row], now, conn):
-            return None
-        return row
 
     # -- Budgets (stores/budgets.py) ----------------------------------------------------
 
