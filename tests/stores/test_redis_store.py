@@ -112,6 +112,22 @@ def test_happy_path_begin_then_finish_costs_two_round_trips(open_redis, probe, r
     assert calls.get("cmdstat_eval", 0) == 0 and calls.get("cmdstat_script|load", 0) == 0
 
 
+def test_a_spend_on_a_budget_this_store_last_left_is_one_round_trip(open_redis, probe, redis_url) -> None:
+    """spend.lua applies lifecycle.plan_spend's plan if the budget is as read: a store plans
+    on the budget as its own last spend left it, so only a budget another store changed since
+    (or a token counted already) costs a second round trip."""
+    store, other = open_redis(), open_redis()
+    assert store.spend("b", "t1", 1.0, 3.0, 3600.0)  # first sight of the budget: read, then write
+
+    sent = client_commands(redis_url, lambda: store.spend("b", "t2", 1.0, 3.0, 3600.0))
+    assert sent == ["evalsha"]
+    assert other.spend("b", "t3", 1.0, 3.0, 3600.0)  # the budget changes behind store's back
+    answers: list[bool] = []
+    sent = client_commands(redis_url, lambda: answers.append(store.spend("b", "t4", 1.0, 3.0, 3600.0)))
+    assert sent == ["evalsha", "evalsha"] and answers == [False]  # planned on a stale total: 3 of 3 spent
+    assert store.spend("b", "t2", 1.0, 3.0, 3600.0)  # counted once per window, still
+
+
 def pause_server(probe: redis.Redis, redis_url: str) -> Callable[[], None]:
     """Clients hang for 1 s; a command that timed out meanwhile is dropped with its socket."""
     probe.execute_command("CLIENT", "PAUSE", 1000, "ALL")

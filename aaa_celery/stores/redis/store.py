@@ -57,6 +57,7 @@ import itertools
 import json
 import math
 import threading
+import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -188,6 +189,9 @@ class RedisStore(RedisRuns, Store):
         self._scripts: dict[str, Any] = {}
         self._specs: OrderedDict[str, CallSpec] = OrderedDict()
         self._specs_lock = threading.Lock()
+        #: Each budget as this store's last spend left it (window, total), with the server's
+        #: clock less this host's then: the next spend plans on them (``spend.lua`` checks).
+        self._budgets_seen: dict[str, tuple[str, str, float]] = {}
         self._connect_lock = threading.Lock()
         self._held = threading.local()  # .lent: this thread's _Lent connection
         scheme, sep, rest = url.partition("://")
@@ -420,7 +424,14 @@ class RedisStore(RedisRuns, Store):
         if script is None:
             script = self._scripts["spend"] = self._redis.register_script(lua("spend"))
         keys, window = [self.budget_key(key)], repr(float(window_s))
-        seen, plan = "?", Spend(False, 0)
+        seen, plan, offset = "?", Spend(False, 0), cast(float | None, None)
+        known = self._budgets_seen.get(key)
+        if known is not None:
+            # Plan on the budget as this store last left it (a new token: not counted yet) and
+            # on the server's clock as last seen: one round trip unless either moved on.
+            found, total, offset = known
+            seen = f"{found} {total} 0"
+            plan = plan_spend(int(found), float(total), False, amount, limit, window_s, time.time() + offset)
         for _ in range(_SPEND_TRIES):
             count = "" if plan.count is None else repr(plan.count)
             expires = math.ceil((plan.window + 1) * float(window_s) * 1000) + 1000
@@ -428,8 +439,13 @@ class RedisStore(RedisRuns, Store):
             with wrap_errors(self.kind, *ERRORS):
                 reply = script(keys=keys, args=args, client=self._redis)
             if reply[0] == "done":
+                if offset is not None:
+                    if len(self._budgets_seen) >= _KNOWN_SPECS:
+                        self._budgets_seen.clear()
+                    self._budgets_seen[key] = (reply[1], reply[2], offset)
                 return plan.reply
             now_ms, found, total, counted = reply[1:]
+            offset = int(now_ms) / 1000 - time.time()
             plan = plan_spend(None if found == "-" else int(found), 0.0 if total == "-" else float(total),
                               counted == 1, amount, limit, window_s, int(now_ms) / 1000)
             seen = f"{found} {total} {counted}"

@@ -11,7 +11,7 @@
 -- ARGV[4] the plan's window     ARGV[5] "1": empty the budget first (a new window)
 -- ARGV[6] the amount to count for the token ("": none)     ARGV[7] when the budget's
 --         key expires (ms, server clock: a second after its window ends)
--- Returns {"done"} having applied the plan; or {"read", now (ms), window, total, counted}
+-- Returns {"done", window, total} having applied the plan (the budget as it left it); or {"read", now (ms), window, total, counted}
 -- having written nothing: the budget changed since it was read (or was never read), or the
 -- server's clock has left the plan's window (lifecycle.window_of, on now / 1000).
 
@@ -34,4 +34,5 @@ if ARGV[6] ~= '' then
   redis.call('HINCRBYFLOAT', budget, 'total', ARGV[6])
   redis.call('HSET', budget, token, ARGV[6])
 end
-return {'done'}
+local after = redis.call('HMGET', budget, 'window', 'total')
+return {'done', after[1], after[2]}
