@@ -504,3 +504,46 @@ def test_unreachable_cluster_raises_store_unavailable_at_first_use_not_at_open()
         store.begin(new_call(), "w1", CFG)
     assert isinstance(raised.value.__cause__, (redis.RedisError, redis.exceptions.RedisClusterException))
     store.close()
+
+
+def server_work(probe: redis.Redis, act: Callable[[], object]) -> tuple[int, int]:
+    """(round trips, commands its scripts ran) on the server while ``act`` ran."""
+    before = probe.info("commandstats")
+    act()
+    after = probe.info("commandstats")
+    delta = {name.removeprefix("cmdstat_"): after[name]["calls"] - before.get(name, {"calls": 0})["calls"]
+             for name in after}
+    delta = {name: n for name, n in delta.items() if n and name not in ("info", "hello", "client|setinfo")}
+    return delta.pop("evalsha", 0), sum(delta.values())
+
+
+def test_each_path_takes_the_round_trips_its_plan_needs_and_few_commands(open_redis, probe) -> None:
+    # Given a warm store (scripts cached) and a registered call, as the publisher leaves it
+    store = open_redis()
+    warm = claim(store, new_call(), "w1")
+    store.finish(warm.lease, Outcome.success(0), CFG)
+    store.claim_recovery(warm.lease.call_id, "w1", 1.0)
+    call = new_call()
+    store.register(call)
+
+    # Then the common paths are one round trip each, with the commands counted in the CHANGELOG
+    # (begin 18 -> 12, finish 16 -> 11 when the scripts stopped deciding)
+    leases: list[Claimed] = []
+    assert server_work(probe, lambda: leases.append(claim(store, call, "w1"))) == (1, 12)
+    assert server_work(probe, lambda: store.finish(leases[0].lease, Outcome.success(1), CFG)) == (1, 11)
+    # a redelivery of a finished call, and of a running one, write nothing: no second trip
+    assert server_work(probe, lambda: store.begin(call, "w2", CFG))[0] == 1
+    running = claim(store, new_call(), "w1")
+    assert server_work(probe, lambda: store.begin(CallSpec(running.lease.call_id), "w2", CFG))[0] == 1
+    # a retried finish whose first write landed: no second trip either
+    assert server_work(probe, lambda: store.finish(leases[0].lease, Outcome.success(1), CFG))[0] == 1
+
+    # And a call in another state than the one planned for costs one more round trip, no more
+    lost = claim(store, new_call(), "w1")
+    store.release(lost.lease)
+    again: list[object] = []
+    assert server_work(probe, lambda: again.append(store.begin(CallSpec(lost.lease.call_id), "w2", CFG)))[0] == 2
+    assert isinstance(again[0], Claimed) and again[0].attempt == 2
+    late = server_work(probe, lambda: again.append(store.finish(lost.lease, Outcome.success(2), CFG)))
+    assert late[0] == 2 and isinstance(again[1], Stale)
+    assert server_work(probe, lambda: store.claim_recovery(running.lease.call_id, "w3", 1.0))[0] == 1

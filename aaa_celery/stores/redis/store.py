@@ -1,24 +1,24 @@
 """The Redis store: a TTL lease, with one Lua script (one round trip) per operation.
 
-Each script in ``lua/`` mirrors a decision of :mod:`aaa_celery.lifecycle` and
-documents its KEYS, ARGV and return value; ``lua/_lib.lua`` holds the helpers
-they share. Leases and event times use the server's clock, so workers with
+Each script in ``lua/`` makes a decision of :mod:`aaa_celery.lifecycle` atomic and
+documents its KEYS, ARGV, what it checks and its return value; ``lua/_lib.lua``
+holds the helpers they share. Leases and event times use the server's clock, so workers with
 skewed clocks agree.
 
-**Payloads.** Lifecycle builds every outcome and audit event (``refusal``,
-``started_event``, ``result_event``, ...); the scripts get them as JSON in ARGV
-and only choose which to write. Where the payload depends on what the script
-reads, Python sends the payloads of the common case only, so the happy path stays
-two short round trips: ``begin`` the started event of attempt 1, ``finish`` the
-result event. The other cases take a second round trip, in which the script
-writes nothing the first time: a call with another attempt count (a redelivery
-after a crash, or more attempts than the cap), whose started event or refusal
-needs that count (``recount``); a stale result, whose ``stale_result`` event is
-then sent (``stale_event``); and a spec in force that is not the one the events
-were built for (``respec``). For that the store remembers the spec of the calls
-it began (``finish`` gets only a lease), and a ``finish`` from another store
-instance costs two round trips. Each event is stored as ``{"id", "at", "event"}``:
-lifecycle's JSON of the event, and the server's time.
+**Plans.** Lifecycle decides every write (``plan_begin``, ``plan_finish``,
+``plan_recovery_claim``, ...) and builds every outcome and audit event; the scripts
+get the plan's writes in ARGV (:func:`_pack`, ``lua/_lib.lua``'s ``apply``) with the
+state it was planned for, and apply them only if the call is in that state: a
+compare-and-set, in the one round trip. So the happy path stays two short round
+trips, planned for the state it is expected in: ``begin`` of a new call claims
+attempt 1, ``finish`` records the outcome of the call's last attempt. Where the call
+is in another state (a redelivery after a crash, a stale result, another spec in
+force) the script writes nothing and replies the state it read, which lifecycle
+plans again: one more round trip, or none when the plan writes nothing (a call
+finished, or busy; this very outcome recorded already). For that the store remembers
+the spec of the calls it began (``finish`` gets only a lease), and a ``finish`` from
+another store instance costs two round trips. Each event is stored as ``{"id",
+"at", "event"}``: lifecycle's JSON of the event, and the server's time.
 
 **Connections** are lent to threads (:mod:`.client`).
 
@@ -61,6 +61,7 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any, Literal, cast
 
 import redis
@@ -72,6 +73,9 @@ from ...lifecycle import (
     Busy,
     CallSpec,
     CallState,
+    COMPLETED,
+    FAILED,
+    STARTED,
     Checkpoint,
     checked_checkpoint,
     Claimed,
@@ -87,18 +91,18 @@ from ...lifecycle import (
     Refused,
     Spend,
     Stale,
+    Writes,
     compact_json,
-    decide_begin,
     fenced_event,
     joined,
     merge_spec,
+    plan_begin,
+    plan_finish,
+    plan_recovery_claim,
     plan_spend,
     result_event,
     retried_event,
     spec_rank,
-    stale_event,
-    stamped,
-    started_event,
 )
 from ..base import Store, StoreVersion, new_token, wrap_errors
 from ..budgets import check_spend
@@ -111,9 +115,9 @@ _SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "hand_on", "registe
             "checkpoint")
 _CALL_KEYS = ("spec", "attempts", "result", "lease", "events")
 _INDEXES = ("running", "unclaimed")
-#: How many calls' specs a store remembers, to build ``finish``'s events in one round trip.
+#: How many calls' specs a store remembers, to plan ``finish``'s events in one round trip.
 _KNOWN_SPECS = 4096
-#: Round trips an operation may take before a script that keeps asking again is a bug.
+#: Round trips an operation may take while the call's state keeps changing under it.
 _TRIES = 8
 #: Round trips a spend may take: each but the first finds that another spend changed the
 #: budget between its read and its write (a busy budget shared by a fleet).
@@ -134,18 +138,38 @@ def _event_args(event: Draft) -> list[str]:
     return [event.id, event.to_json()]
 
 
-def _begin_args(spec: CallSpec, worker: str, config: GuardConfig, state: CallState) -> list[Any]:
-    """begin.lua's payloads for a call in ``state`` (its attempts so far and the attempt
-    that handed it on): the started event of the next attempt, or the refusal with its
-    event, as lifecycle.decide_begin says. Only what that one case needs travels (a call
-    found in another state gets ``recount``)."""
-    decision = decide_begin(state, config)
-    cap = state.attempts if decision.kind == "refuse" else state.attempts + 1
-    args = [spec.name, spec.idempotency_key, cap, state.attempts, state.handed_on, state.handed]
-    if decision.refusal is None:
-        return args + _event_args(started_event(spec, state.attempts + 1, worker))
-    failure = decision.refusal
-    return args + [_json(failure), *_event_args(result_event(spec, failure))]
+def _expected(state: CallState, spec: CallSpec) -> list[Any]:
+    """begin.lua's compare-and-set value: the state ``state`` a plan was made for, with the
+    name and idempotency key of ``spec``, the spec in force its events were built from."""
+    live = "1" if state.holder_live else "0"
+    return [f"{state.attempts}:{state.handed_on}:{state.handed}:{live}", state.token, spec.name,
+            spec.idempotency_key, state.lost_cause]
+
+
+def _fresh(event: Draft, state: CallState) -> bool:
+    """Whether ``state`` proves that no event with ``event``'s id is in the call's trail, so
+    the script appends it without reading the trail: an attempt's started event is written
+    only by its claim, and the result event only with the result (and expires with it)."""
+    if event.type == STARTED:
+        return event.attempt > state.attempts
+    return event.type in (COMPLETED, FAILED) and state.result is None
+
+
+def _pack(writes: Writes, state: CallState, retention_s: int) -> list[Any]:
+    """``writes`` (planned for ``state``) as ``lua/_lib.lua``'s apply reads them."""
+    args: list[Any] = []
+    if writes.claim is not None:
+        lease = writes.claim
+        args += ["claim", lease.attempt, lease.token, lease.worker, ms(lease.ttl_s)]
+    if writes.record is not None:
+        args += ["record", _json(writes.record), retention_s]
+    if writes.event is not None:
+        args += ["event", *_event_args(writes.event), "1" if _fresh(writes.event, state) else "0"]
+    if writes.let_go is not None:
+        args += ["let_go", writes.let_go]
+    if writes.hand_on is not None:  # no plan these scripts apply hands a call on
+        raise AssertionError("hand_on is written by hand_on.lua")
+    return args
 
 
 def _event(raw: str) -> Event:
@@ -278,61 +302,59 @@ class RedisStore(RedisRuns, Store):
                 self._specs.popitem(last=False)
 
     def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
-        token, ttl_s = token or new_token(), config.lease_ttl_s
+        token = token or new_token()
         spec = merge_spec(self._known_spec(call.call_id), call)
         state = CallState()  # a new call: its first delivery is by far the most common begin
+        delivered = _spec_args(call)
         for _ in range(_TRIES):
-            reply = self._run(
-                "begin", call.call_id, *_spec_args(call), worker, token, ms(ttl_s), self.retention_s,
-                *_begin_args(spec, worker, config, state),
-            )
-            kind = reply[0]
-            if kind == "respec":
-                spec = CallSpec.from_json(reply[1])
-            elif kind == "recount":
-                state = CallState(reply[1], handed_on=reply[2], handed=reply[3], lost_cause=reply[4])
-            else:
+            writes = plan_begin(state, spec, worker, config, token, None)  # the lease's expiry: the server's
+            if writes.claim is None and writes.record is None:
+                break  # finished or busy: nothing to write (the state came from a reply)
+            reply = self._run("begin", call.call_id, *delivered, *_expected(state, spec),
+                              *_pack(writes, state, self.retention_s))
+            if reply[0] == 1:
                 break
+            _, result, attempts, handed_on, handed, held, holder, expires, cause, name, ikey = reply
+            live = expires > 0
+            state = CallState(int(attempts), Outcome.from_json(result) if result else None, live, holder,
+                              expires / 1000 if live else None, int(handed_on), int(handed), held, cause)
+            spec = CallSpec(call.call_id, name, ikey)
         else:
-            raise RuntimeError(f"begin.lua kept asking again for {call.call_id!r}: {reply!r}")
-        if kind == "finished":
-            return Finished(Outcome.from_json(reply[1]))
-        if kind == "busy":
-            return Busy(reply[1], reply[2] / 1000)
-        self._remember(spec)
-        if kind == "refused":
-            decision = decide_begin(state, config)
-            assert decision.refusal is not None
-            return Refused(decision.refusal)
-        return Claimed(Lease(call.call_id, reply[1], worker, token, ttl_s, reply[2] / 1000))
+            raise RuntimeError(f"the state of {call.call_id!r} kept changing while it was begun")
+        begun = writes.reply
+        if isinstance(begun, Claimed):
+            begun = Claimed(replace(begun.lease, expires_at=reply[1] / 1000))
+        if isinstance(begun, (Claimed, Refused)):
+            self._remember(spec)
+        assert isinstance(begun, (Claimed, Busy, Finished, Refused))
+        return begun
 
     def renew(self, lease: Lease) -> bool:
         return bool(self._run("renew", lease.call_id, lease.token, ms(lease.ttl_s)))
 
     def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
-        outcome = stamped(outcome, lease.attempt)
         spec = self._known_spec(lease.call_id) or CallSpec(lease.call_id)
-        stale = False  # the stale_result event travels only when finish.lua asks for it
+        state, raw = CallState(lease.attempt), ""  # the common case: this attempt is the last, no result
+        bare = _json(CallSpec(lease.call_id))
         for _ in range(_TRIES):
-            reply = self._run(
-                "finish", lease.call_id, lease.token, lease.attempt, _json(outcome),
-                "1" if config.fence_results else "0", self.retention_s, _json(CallSpec(lease.call_id)),
-                spec.name, *_event_args(result_event(spec, outcome)),
-                *(_event_args(stale_event(spec, outcome)) if stale else ()),
-            )
-            if reply[0] == "stale_event":
-                stale = True
-            elif reply[0] == "respec":
-                spec = CallSpec.from_json(reply[1])
-                self._remember(spec)
-            else:
+            writes = plan_finish(state, spec, lease, outcome, config)
+            if writes.record is None and writes.event is None:
+                break  # this very outcome is recorded already
+            reply = self._run("finish", lease.call_id, bare, raw, state.attempts, spec.name,
+                              *_pack(writes, state, self.retention_s))
+            if reply[0] == 1:
                 break
+            _, result, attempts, name = reply
+            raw = result or ""
+            state = CallState(int(attempts), Outcome.from_json(raw) if raw else None)
+            if name != spec.name:
+                spec = CallSpec(lease.call_id, name)
+                self._remember(spec)
         else:
-            raise RuntimeError(f"finish.lua kept asking again for {lease.call_id!r}: {reply!r}")
-        if reply[0] == "accepted":
-            return Accepted(outcome)
-        current = reply[1] if len(reply) > 1 else None
-        return Stale(Outcome.from_json(current) if current else None)
+            raise RuntimeError(f"the state of {lease.call_id!r} kept changing while it was finished")
+        finished = writes.reply
+        assert isinstance(finished, (Accepted, Stale))
+        return finished
 
     def release(self, lease: Lease) -> None:
         self._run("release", lease.call_id, lease.token)
@@ -347,8 +369,22 @@ class RedisStore(RedisRuns, Store):
         self._run("register", call.call_id, *_spec_args(call))
 
     def claim_recovery(self, call_id: str, worker: str, hold_s: float, max_hold_s: float | None = None) -> int:
-        longest = hold_s if max_hold_s is None else max(hold_s, max_hold_s)
-        return int(self._run("claim_recovery", call_id, worker, ms(hold_s), ms(longest), self.retention_s))
+        # The record Redis keeps is deleted by a claim, so its count is always the current
+        # attempt's: planned at attempts 0. First for no record (nothing held, at any time);
+        # the script adds its clock to the hold.
+        seen, held_until, now = ("0", "0"), 0.0, 0.0
+        for _ in range(_TRIES):
+            claim = plan_recovery_claim(0, (0, int(seen[0])), held_until, now, hold_s, max_hold_s)
+            if claim is None:
+                return 0
+            tries, until = claim
+            hold = ms(until - now)
+            reply = self._run("claim_recovery", call_id, ":".join(seen), worker, tries, hold,
+                              max(self.retention_s, math.ceil(hold / 1000) * 2))
+            if not isinstance(reply, list):
+                return int(reply)
+            seen, held_until, now = (reply[0], reply[1]), int(reply[1]) / 1000, reply[2] / 1000
+        raise RuntimeError(f"the recovery record of {call_id!r} kept changing while it was claimed")
 
     def record(self, call: CallSpec, outcome: Outcome, kind: RecordKind = "first") -> bool:
         if kind not in RECORD_KINDS:
@@ -496,8 +532,10 @@ class RedisStore(RedisRuns, Store):
                 value: Any = None) -> Outcome:
         for _ in range(_TRIES):
             with wrap_errors(self.kind, *ERRORS):
-                raw_spec, raw = self._redis.hget(self.key(call_id, "spec"), "json"), \
-                    self._redis.get(self.key(call_id, "result"))
+                pipe = self._redis.pipeline(transaction=False)  # one round trip: both keys share a slot
+                pipe.hget(self.key(call_id, "spec"), "json")
+                pipe.get(self.key(call_id, "result"))
+                raw_spec, raw = pipe.execute()
             spec = CallSpec.from_json(raw_spec) if raw_spec else CallSpec(call_id)
             outcome, event = plan_resolve(spec, Outcome.from_json(raw) if raw else None, verdict, note, by, value)
             reply = self._op("resolve", call_id, raw, _json(outcome), *_event_args(event), "1")

@@ -26,11 +26,14 @@
 -- Payloads. Every outcome and audit event comes from Python as JSON already encoded by
 -- lifecycle (Outcome.to_json, Draft.to_json: the event without its time). The scripts
 -- store that JSON as it is and never build or edit JSON text: the one thing they add
--- is the server's time of an event, kept beside the event's JSON (push_event). Where
--- the payload depends on what the script reads (the attempt number, the spec in force,
--- a stale result), Python sends the payload of the common case only, and in the others
--- the script answers {"recount", ...} / {"respec", ...} / {"stale_event"} without
--- writing, and Python sends it again with the payload that case needs.
+-- is the server's time of an event, kept beside the event's JSON (push_event).
+--
+-- Plans. begin.lua and finish.lua get lifecycle's decision, planned in Python for the state
+-- Python expects the call to be in (lifecycle.Writes, packed by store.py's _pack), with that
+-- expected state. They read the call's state, and if it is the expected one they apply the
+-- plan (apply below); else they write nothing (but the delivered spec) and reply the state
+-- they read, for Python to plan again. They decide nothing: every rule is lifecycle's.
+-- (record.lua, whose payload depends only on the spec, still answers {"respec", ...}.)
 
 local SPEC, ATTEMPTS, RESULT, LEASE, EVENTS, RUNNING, UNCLAIMED, RECOVERY, CALLS = unpack(KEYS)
 local CALL = ARGV[1]
@@ -70,21 +73,6 @@ local function drop_lease()
   redis.call('ZADD', RUNNING, 'XX', 0, CALL)
 end
 
--- Store the call's spec unless known; `rank` is lifecycle.spec_rank of the spec ("0",
--- "1" or "2"), and a spec replaces the stored one as lifecycle.merge_spec says: when it
--- ranks higher, and always at rank 2 (a message as sent). Returns true when the call is new.
-local function ensure_spec(json, name, ikey, rank)
-  if redis.call('EXISTS', SPEC) == 0 then
-    redis.call('HSET', SPEC, 'json', json, 'name', name, 'ikey', ikey, 'req', rank)
-    redis.call('ZADD', CALLS, 'NX', (clock()), CALL)
-    return true
-  end
-  if rank == '2' or tonumber(rank) > tonumber(redis.call('HGET', SPEC, 'req') or '0') then
-    redis.call('HSET', SPEC, 'json', json, 'name', name, 'ikey', ikey, 'req', rank)
-  end
-  return false
-end
-
 -- The spec in force, if its name and idempotency key (all of it that event data shows)
 -- differ from those the payloads were built for; nil when the payloads are right.
 local function respec(name, ikey)
@@ -107,16 +95,133 @@ local function push_event(id, event, at)
   redis.call('RPUSH', EVENTS, cjson.encode({id = id, at = at, event = event}))
 end
 
--- Record the call's one result (`outcome`, with its event), free its lease, drop it from
--- the indexes and keep its keys for `retention` seconds.
-local function record(outcome, event_id, event, at, retention)
-  redis.call('SET', RESULT, outcome)
-  redis.call('DEL', LEASE)
-  push_event(event_id, event, at)
-  redis.call('ZREM', RUNNING, CALL)
-  redis.call('ZREM', UNCLAIMED, CALL)
-  for _, key in ipairs({SPEC, ATTEMPTS, RESULT, EVENTS}) do
+-- Append an audit entry (see push_event) that the caller knows is not in the trail yet.
+local function append_event(id, event, at)
+  redis.call('RPUSH', EVENTS, cjson.encode({id = id, at = at, event = event}))
+end
+
+-- Keep a finished call's keys for `retention` seconds (its result got them with its SET).
+local function retain(retention)
+  for _, key in ipairs({SPEC, ATTEMPTS, EVENTS}) do
     redis.call('EXPIRE', key, retention)
   end
 end
 
+-- Record the call's one result (`outcome`): set it, free the lease, drop the call from the
+-- indexes. Only for a call without a result (so no entry has the id of its result event,
+-- which is only ever written with the result, and expires with it).
+local function set_result(outcome, retention)
+  redis.call('SET', RESULT, outcome, 'EX', retention)
+  redis.call('DEL', LEASE)
+  redis.call('ZREM', RUNNING, CALL)
+  redis.call('ZREM', UNCLAIMED, CALL)
+end
+
+-- Record the call's one result (`outcome`, with its event), free its lease, drop it from
+-- the indexes and keep its keys for `retention` seconds. Only for a call without a result.
+local function record(outcome, event_id, event, at, retention)
+  set_result(outcome, retention)
+  append_event(event_id, event, at)
+  retain(retention)
+end
+
+-- The spec fields to write for a delivered spec (`json`, `name`, `ikey`, its spec_rank `rank`),
+-- as lifecycle.merge_spec keeps it, given the stored spec's `name` and `req` (nil: no spec).
+-- A new call also enters the shard's calls index at `now`. Appends field, value pairs to
+-- `fields`; returns the name and idempotency key of the spec in force afterwards. (Every
+-- writer of a spec writes its name: a spec without one is no spec.)
+local function merge_fields(fields, json, name, ikey, rank, stored_name, stored_ikey, stored_req, now)
+  if not stored_name then
+    redis.call('ZADD', CALLS, 'NX', now or (clock()), CALL)
+  elseif not (rank == '2' or tonumber(rank) > tonumber(stored_req or '0')) then
+    return stored_name, stored_ikey
+  end
+  for _, v in ipairs({'json', json, 'name', name, 'ikey', ikey, 'req', rank}) do
+    fields[#fields + 1] = v
+  end
+  return name, ikey
+end
+
+-- Store the call's spec unless known, or replace it as merge_fields says. Returns true when
+-- the call is new.
+local function ensure_spec(json, name, ikey, rank)
+  local stored, fields = redis.call('HMGET', SPEC, 'name', 'req'), {}
+  merge_fields(fields, json, name, ikey, rank, stored[1] or nil, nil, stored[2] or nil, nil)
+  if #fields > 0 then
+    redis.call('HSET', SPEC, unpack(fields))
+  end
+  return not stored[1]
+end
+
+-- The `cause` that the holder of attempt `attempts` recorded with its fenced event, '' if
+-- none (lifecycle.CallState.lost_cause; read for a lapsed call only, as the stores do).
+local function lost_cause(attempts)
+  local fenced = CALL .. ':attempt:' .. attempts .. ':fenced'
+  for _, e in ipairs(redis.call('LRANGE', EVENTS, 0, -1)) do
+    local entry = cjson.decode(e)
+    if entry.id == fenced then
+      local data = cjson.decode(entry.event).data
+      if type(data) == 'table' and type(data.cause) == 'string' then return data.cause end
+    end
+  end
+  return ''
+end
+
+-- Apply a plan (lifecycle.Writes as store.py's _pack lays it out) from ARGV[i] on, in
+-- Writes' order, at server time `now` (ms) / `at` (events). Each write is a tag and its fields:
+--   'claim', attempt, token, worker, ttl (ms)  the attempt counter, the lease, the spec's token,
+--                                              the indexes; the recovery record ends
+--                                              (CallWriter.claim)
+--   'record', outcome JSON, retention (s)      the one result, the lease freed, the indexes,
+--                                              the keys' TTLs (CallWriter.record)
+--   'event', id, JSON, fresh                   append the event unless its id is in the trail;
+--                                              fresh '1': the expected state proves it is not
+--                                              (its id is only written with a later attempt's
+--                                              claim or with the result), so no scan (CallWriter.append)
+--   'let_go', token                            free the lease if this token holds it (CallWriter.let_go)
+-- `fields`: spec field, value pairs still to write, written with the claim's token in one HSET.
+-- Returns the claimed lease's expiry (ms), or 0.
+local function apply(i, now, at, fields)
+  local expires, retention = 0, nil
+  while ARGV[i] do
+    local op = ARGV[i]
+    if op == 'claim' then
+      local attempt, token, ttl = ARGV[i + 1], ARGV[i + 2], ARGV[i + 4]
+      expires = now + tonumber(ttl)
+      redis.call('SET', ATTEMPTS, attempt)
+      redis.call('HSET', LEASE, 'token', token, 'worker', ARGV[i + 3], 'attempt', attempt)
+      lease_until(expires)
+      fields[#fields + 1], fields[#fields + 2] = 'token', token
+      redis.call('ZREM', UNCLAIMED, CALL)
+      redis.call('ZADD', RUNNING, expires, CALL)
+      redis.call('DEL', RECOVERY)  -- claimed: a later crash may be recovered at once
+      i = i + 5
+    elseif op == 'record' then
+      retention = ARGV[i + 2]
+      set_result(ARGV[i + 1], retention)
+      i = i + 3
+    elseif op == 'event' then
+      if ARGV[i + 3] == '1' then
+        append_event(ARGV[i + 1], ARGV[i + 2], at)
+      else
+        push_event(ARGV[i + 1], ARGV[i + 2], at)
+      end
+      i = i + 4
+    elseif op == 'let_go' then
+      forget(ARGV[i + 1])
+      if holds(ARGV[i + 1]) then
+        drop_lease()
+      end
+      i = i + 2
+    else
+      error('unknown write in a plan: ' .. tostring(op))
+    end
+  end
+  if #fields > 0 then
+    redis.call('HSET', SPEC, unpack(fields))
+  end
+  if retention then
+    retain(retention)  -- after the event: a TTL is kept by RPUSH, not set on a list not yet made
+  end
+  return expires
+end

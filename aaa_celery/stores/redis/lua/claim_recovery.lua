@@ -1,29 +1,32 @@
--- claim_recovery.lua: take the right to republish a call, with backoff.
+-- claim_recovery.lua: take the right to republish a call (lifecycle.plan_recovery_claim,
+-- planned in Python for the recovery record it expects), if the record is the expected one
+-- (a compare-and-set); else reply the record it is.
 --
 -- KEYS: the call keys of _lib.lua.
--- ARGV[1] call id     ARGV[2] worker     ARGV[3] hold of the first republish (ms)
--- ARGV[4] longest hold (ms)     ARGV[5] retention of the record (s)
--- Touches: recovery (a hash: worker, until (ms), tries), its TTL.
--- Returns n >= 1, the call's n-th republish since its last claim, to exactly one caller
--- per hold; the hold of the n-th is ARGV[3] * 2^(n-1), at most ARGV[4]. Returns 0 when
--- the call is unknown, has its result, is held by a live lease (checked here, in the same
--- step as the claim, so a call that a worker just claimed is never republished), or is
--- still held by an earlier republish. begin.lua deletes the record on a claim.
+-- ARGV[1] call id     ARGV[2] the expected record, "<tries>:<until (ms)>" ("0:0": none)
+-- ARGV[3] worker      ARGV[4] the claim's republish count (tries)      ARGV[5] its hold (ms)
+-- ARGV[6] the record's TTL (s)
+-- Checks, and nothing else: that the call is known, has no result and no live lease (checked
+-- here, in the same step as the claim, so a call that a worker just claimed is never
+-- republished), and that its record is the expected one (the plan was made, in Python, for a
+-- hold that had ended: a record that is unchanged still has; none holds nothing).
+-- Touches: recovery (a hash: worker, until (ms), tries), its TTL. begin.lua deletes it on a claim.
+-- Returns ARGV[4] when the claim is made; 0 for an unknown, finished or leased call;
+--   {tries, until (ms), now (ms)}, having written nothing: the record is another one.
 
-if redis.call('EXISTS', SPEC) == 0 or redis.call('EXISTS', RESULT) == 1
-    or redis.call('EXISTS', LEASE) == 1 then
+if redis.call('EXISTS', SPEC) == 0 or redis.call('EXISTS', RESULT, LEASE) > 0 then
   return 0
 end
-if redis.call('TYPE', RECOVERY).ok ~= 'hash' then
-  redis.call('DEL', RECOVERY)  -- none yet, or a plain hold string of an older version
+local rec = redis.pcall('HMGET', RECOVERY, 'tries', 'until')
+if rec.err then
+  redis.call('DEL', RECOVERY)  -- a plain hold string of a version older than 0.1.0
+  rec = {}
 end
 local now = clock()
-local rec = redis.call('HMGET', RECOVERY, 'until', 'tries')
-if rec[1] and tonumber(rec[1]) > now then
-  return 0
+local tries, held = rec[1] or '0', rec[2] or '0'
+if ARGV[2] ~= tries .. ':' .. held then
+  return {tries, held, now}
 end
-local tries = tonumber(rec[2] or '0') + 1
-local hold = math.floor(math.min(tonumber(ARGV[4]), tonumber(ARGV[3]) * 2 ^ (tries - 1)))
-redis.call('HSET', RECOVERY, 'worker', ARGV[2], 'until', now + hold, 'tries', tries)
-redis.call('EXPIRE', RECOVERY, math.max(tonumber(ARGV[5]), math.ceil(hold / 1000) * 2))
-return tries
+redis.call('HSET', RECOVERY, 'worker', ARGV[3], 'until', now + tonumber(ARGV[5]), 'tries', ARGV[4])
+redis.call('EXPIRE', RECOVERY, ARGV[6])
+return tonumber(ARGV[4])

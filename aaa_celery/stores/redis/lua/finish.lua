@@ -1,49 +1,32 @@
--- finish.lua: record an attempt's outcome, first writer wins (lifecycle.plan_finish).
+-- finish.lua: apply lifecycle.plan_finish's writes for an attempt's outcome, if the call is in
+-- the state they were planned for (a compare-and-set); else reply the state it is in.
 --
 -- KEYS: the call keys of _lib.lua.
--- ARGV[1] call id     ARGV[2] lease token     ARGV[3] the lease's attempt (its fence)
--- ARGV[4] Outcome JSON, stamped with that attempt       ARGV[5] "1" to fence results
--- ARGV[6] retention of a finished call's keys (s)      ARGV[7] CallSpec JSON of a bare call
--- ARGV[8] name of the spec the events below were built for
--- ARGV[9], ARGV[10] id and JSON of the result event (lifecycle.result_event)
--- ARGV[11], ARGV[12] id and JSON of the aaa.tool.stale_result event (lifecycle.stale_event),
---   sent only when a first try answered {"stale_event"}
--- Touches: spec (created if unknown); on accept result, lease, events, running, unclaimed and
--- the TTLs; on stale events, and lease and running if this lease still holds the call.
--- Returns {"accepted"} (also when this very outcome is already recorded) |
---         {"stale"} | {"stale", current outcome JSON}, or, having written nothing but the
---         spec, {"respec", spec JSON}: the spec in force is not the one the events were
---         built for; {"stale_event"}: the outcome is stale and its event was not sent.
+-- ARGV[1] call id     ARGV[2] CallSpec JSON of a bare call (kept for a call the store does
+--   not know, rank 0, as register.lua would)
+-- The expected state (as store.py's _expected_finish packs it):
+--   ARGV[3] the recorded result's JSON ('' none)   ARGV[4] the attempt count
+--   ARGV[5] name of the spec in force
+-- ARGV[6...] the plan's writes (_lib.lua's apply): to accept 'record' and 'event'; for a
+--   stale outcome 'event' (aaa.tool.stale_result) and 'let_go'.
+-- Checks, and nothing else: that the result, the attempt count and the spec's name are the
+-- ones above. A bare spec is written for an unknown call in either case.
+-- Touches: spec (created if unknown), and what the writes touch.
+-- Returns {1}: the writes are applied; or, having written nothing but a bare spec,
+--   {0, result JSON or false, attempts, name}: the state now.
 
-local _, at = clock()
-ensure_spec(ARGV[7], '', '', '0')
+local now, at = clock()
+local name = redis.call('HGET', SPEC, 'name')
+local state = redis.call('MGET', RESULT, ATTEMPTS)
+local fields = {}
+name = merge_fields(fields, ARGV[2], '', '', '0', name, '', '0', now)
+local result, attempts = state[1], state[2] or '0'
 
--- lifecycle.decide_finish: again (this very outcome is recorded), accept, or stale.
-local result = redis.call('GET', RESULT)
-local accept = false
-if result then
-  if result == ARGV[4] then
-    return {'accepted'}
-  end
-else
-  local attempts = tonumber(redis.call('GET', ATTEMPTS) or '0')
-  accept = not (ARGV[5] == '1' and attempts > tonumber(ARGV[3]))
+if ARGV[3] == (result or '') and ARGV[4] == attempts and ARGV[5] == name then
+  apply(6, now, at, fields)
+  return {1}
 end
-
-local spec = respec(ARGV[8], nil)
-if spec then
-  return {'respec', spec}
+if #fields > 0 then
+  redis.call('HSET', SPEC, unpack(fields))
 end
-if accept then
-  record(ARGV[4], ARGV[9], ARGV[10], at, ARGV[6])
-  return {'accepted'}
-end
-if not ARGV[12] then
-  return {'stale_event'}
-end
-push_event(ARGV[11], ARGV[12], at)
-forget(ARGV[2])
-if holds(ARGV[2]) then
-  drop_lease()
-end
-return {'stale', result}
+return {0, result, attempts, name}
