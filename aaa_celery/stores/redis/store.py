@@ -61,7 +61,6 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any, Literal, cast
 
 import redis
@@ -321,12 +320,14 @@ class RedisStore(RedisRuns, Store):
             spec = CallSpec(call.call_id, name, ikey)
         else:
             raise RuntimeError(f"the state of {call.call_id!r} kept changing while it was begun")
-        begun = writes.reply
-        if isinstance(begun, Claimed):
-            begun = Claimed(replace(begun.lease, expires_at=reply[1] / 1000))
-        if isinstance(begun, (Claimed, Refused)):
+        lease = writes.claim
+        if lease is not None:  # claimed: the lease lapses when the server's clock says
             self._remember(spec)
-        assert isinstance(begun, (Claimed, Busy, Finished, Refused))
+            return Claimed(Lease(lease.call_id, lease.attempt, worker, token, lease.ttl_s, reply[1] / 1000))
+        if writes.record is not None:  # refused
+            self._remember(spec)
+        begun = writes.reply
+        assert isinstance(begun, (Busy, Finished, Refused))
         return begun
 
     def renew(self, lease: Lease) -> bool:
