@@ -14,7 +14,7 @@ from aaa_celery.stores.redis import RedisStore
 from .test_conformance import SHORT_TTL_S, claim, config, new_call
 
 LAPSED = 10
-FEW, MANY = 100, 1000
+FEW, MANY = 50, 500
 NEVER = 1e12  # the sweep's grace for listing lapsed calls only (worker/recovery.py)
 
 
