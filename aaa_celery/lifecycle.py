@@ -672,6 +672,17 @@ def plan_record(kind: RecordKind, state: CallState, call: CallSpec, outcome: Out
     return Writes(True, record=outcome, event=result_event(call, outcome))
 
 
+def awaits_recovery(attempts: int, handed_on: int, seen_at: float, now: float, grace_s: float) -> bool:
+    """Whether recovery brings back a call that has no result and no live lease
+    (``Store.expired``): its last attempt was lost (claimed, and it did not hand the call
+    on), or nobody claimed the call within ``grace_s`` of when it was seen (registered, or
+    handed on). SQL evaluates it in ``select_unfinished``'s ``WHERE``; Redis keeps it as its
+    two indexes: ``running`` (claimed, scored by lease expiry; a hand-on leaves it) and
+    ``unclaimed`` (scored by when the call was seen)."""
+    lost = attempts > 0 and handed_on != attempts
+    return lost or seen_at + grace_s <= now
+
+
 def recovery_hold(tries: int, hold_s: float, max_hold_s: float | None) -> float:
     """How long the ``tries``-th republish of a call holds it: ``hold_s``, doubled for each
     earlier republish since its last claim, at most ``max_hold_s``."""

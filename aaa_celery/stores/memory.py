@@ -23,6 +23,7 @@ from ..lifecycle import (
     Outcome,
     RecordKind,
     Writes,
+    awaits_recovery,
     joined,
     lapsed,
     event_id,
@@ -223,10 +224,8 @@ class MemoryStore(MemoryRuns, Store):
             now = self.now() if now is None else now
             out = []
             for rec in self._calls.values():
-                if rec.result is not None or rec.live(now):
-                    continue
-                lapsed = rec.attempts > 0 and rec.handed_on != rec.attempts
-                if lapsed or rec.registered_at + unclaimed_grace_s <= now:
+                if rec.result is None and not rec.live(now) and awaits_recovery(
+                        rec.attempts, rec.handed_on, rec.registered_at, now, unclaimed_grace_s):
                     out.append(rec.spec)
             return out
 

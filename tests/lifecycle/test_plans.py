@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from aaa_celery.lifecycle import (
-    MAX_CHECKPOINT_BYTES, PURGED, Checkpoint, Lease, Outcome, Spend, checkpoint_json, plan_checkpoint, plan_spend, purgeable,
+    MAX_CHECKPOINT_BYTES, PURGED, Checkpoint, Lease, Outcome, Spend, awaits_recovery, checkpoint_json, plan_checkpoint, plan_spend, purgeable,
 )
 
 LEASE = Lease("c", 2, "w", "t", 10.0, 110.0)
@@ -45,3 +45,10 @@ def test_a_spend_counts_a_token_once_per_window_within_the_limit():
     # a new window starts empty: the old total and tokens no longer count
     assert plan_spend(9, 3.0, True, 2.0, 3.0, 10.0, 105.0) == Spend(True, 10, True, 2.0)
     assert plan_spend(9, 0.0, False, 4.0, 3.0, 10.0, 105.0) == Spend(False, 10, True)
+
+
+def test_recovery_brings_back_a_lost_attempt_at_once_and_an_unclaimed_call_after_its_grace():
+    assert awaits_recovery(1, 0, seen_at=100.0, now=100.0, grace_s=60.0)  # attempt 1 lost
+    assert not awaits_recovery(1, 1, 100.0, 159.9, 60.0)  # handed on: waits as a new call
+    assert awaits_recovery(1, 1, 100.0, 160.0, 60.0) and awaits_recovery(0, 0, 100.0, 160.0, 60.0)
+    assert not awaits_recovery(0, 0, 100.0, 159.9, 60.0)  # registered, within its grace

@@ -155,9 +155,9 @@ def select_events(call_id: str) -> sa.Select[Any]:
 
 
 def select_unfinished(now: float, unclaimed_grace_s: float) -> sa.Select[Any]:
-    """Calls without a result that were claimed (and not handed on by their last attempt),
-    or registered (or handed on) longer than the grace ago; the store then drops those
-    whose lease is still live."""
+    """Calls without a result that ``lifecycle.awaits_recovery`` names: claimed (and not
+    handed on by their last attempt), or registered (or handed on) longer than the grace
+    ago; the store then drops those whose lease is still live."""
     return (
         sa.select(calls)
         .outerjoin(results, results.c.call_id == calls.c.call_id)
