@@ -101,6 +101,12 @@ class RedisProbe:
     def reset(self) -> None:
         self.client.flushdb()
 
+    def analyze(self) -> None:
+        """Nothing to do: Redis keeps no planner statistics."""
+
+    def seq_scans(self) -> float:
+        return float("nan")
+
 
 class PostgresProbe:
     """Server-side memory (PSS of every server process) and CPU of a PostgreSQL store."""
@@ -146,6 +152,22 @@ class PostgresProbe:
             con.execute("TRUNCATE aaa_calls, aaa_results, aaa_events")
             con.execute("VACUUM ANALYZE")
 
+    def analyze(self) -> None:
+        """``ANALYZE``, as autovacuum would after a fill: statistics taken of the empty tables
+        would have the planner read calls by sequential scans."""
+        import psycopg
+
+        with psycopg.connect(libpq_url(self.server.url), autocommit=True) as con:
+            con.execute("ANALYZE")
+
+    def seq_scans(self) -> float:
+        """Sequential scans of ``aaa_calls`` so far (flushed by backends at most once a second)."""
+        import psycopg
+
+        with psycopg.connect(libpq_url(self.server.url), autocommit=True) as con:
+            return float(con.execute("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'aaa_calls'")
+                         .fetchone()[0])
+
 
 def server_cost(probe: Any, ops: int, cpu0: float, cmds0: dict[str, tuple[int, int]]) -> dict[str, Any]:
     """What the store server spent on ``ops`` operations since ``cpu0`` / ``cmds0``: its CPU
@@ -175,6 +197,7 @@ def measure(store: Store, probe: Any, n: int, k: int, label: str) -> dict[str, A
         fill_lat.append(dt)
         leases.append(result.lease)
     fill_s = time.perf_counter() - t0
+    probe.analyze()
     time.sleep(0.2)
     mem1 = probe.memory()
 
