@@ -69,7 +69,7 @@ def paths(store: RedisStore, calls: int) -> dict[str, dict[str, float]]:
 
     out["finish, completed call"] = _measure(
         store, calls, claimed("done"), lambda n, sl: store.finish(sl[1], Outcome.success({"n": n}), config))
-    out["begin, a retried begin (same token)"] = _measure(
+    out["begin, the token of the last claim again, its reply received (no runner path)"] = _measure(
         store, calls, claimed("again"), lambda n, sl: store.begin(sl[0], "w1", config, token=f"tok-again-{n}"))
     out["begin, redelivered while running (busy)"] = _measure(
         store, calls, claimed("busy"), lambda n, sl: store.begin(sl[0], "w2", config))

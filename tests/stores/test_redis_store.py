@@ -547,3 +547,25 @@ def test_each_path_takes_the_round_trips_its_plan_needs_and_few_commands(open_re
     late = server_work(probe, lambda: again.append(store.finish(lost.lease, Outcome.success(2), CFG)))
     assert late[0] == 2 and isinstance(again[1], Stale)
     assert server_work(probe, lambda: store.claim_recovery(running.lease.call_id, "w3", 1.0))[0] == 1
+
+
+def test_a_begin_retried_with_its_token_after_its_reply_was_lost_claims_in_one_round_trip(
+        open_redis, probe, redis_url) -> None:
+    # Given a begin whose write landed while its reply was lost (a busy server, a 0.2 s timeout)
+    store = open_redis(socket_timeout=0.2)
+    warm = claim(store, new_call(), "w1")
+    store.finish(warm.lease, Outcome.success(0), CFG)
+    call, token = new_call(), "token-1"
+    recovered = busy_server(probe, redis_url)
+    with pytest.raises(StoreUnavailable):
+        store.begin(call, "w1", CFG, token)
+    recovered()
+
+    # When the runner retries it with the same token
+    got: list[object] = []
+    trips, _ = server_work(probe, lambda: got.append(store.begin(call, "w1", CFG, token)))
+
+    # Then the same attempt is claimed again, planned as landed: one round trip, one started event
+    assert isinstance(got[0], Claimed) and got[0].attempt == 1 and got[0].lease.token == token
+    assert trips == 1
+    assert [e.type for e in store.events(call.call_id)] == [STARTED]

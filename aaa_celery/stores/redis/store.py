@@ -212,6 +212,9 @@ class RedisStore(RedisRuns, Store):
         self._scripts: dict[str, Any] = {}
         self._specs: OrderedDict[str, CallSpec] = OrderedDict()
         self._specs_lock = threading.Lock()
+        #: call id -> (token, state, spec) of a claim sent whose reply never came: the state the
+        #: call is in if it landed, which a ``begin`` retried with that token plans for.
+        self._unanswered: OrderedDict[str, tuple[str, CallState, CallSpec]] = OrderedDict()
         #: Each budget as this store's last spend left it (window, total), with the server's
         #: clock less this host's then: the next spend plans on them (``spend.lua`` checks).
         self._budgets_seen: dict[str, tuple[str, str, float]] = {}
@@ -300,17 +303,37 @@ class RedisStore(RedisRuns, Store):
             if len(self._specs) > _KNOWN_SPECS:
                 self._specs.popitem(last=False)
 
+    def _unanswered_claim(self, call_id: str, token: str, landed: CallState, spec: CallSpec) -> None:
+        with self._specs_lock:
+            self._unanswered[call_id] = (token, landed, spec)
+            if len(self._unanswered) > _KNOWN_SPECS:
+                self._unanswered.popitem(last=False)
+
     def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
         token = token or new_token()
         spec = merge_spec(self._known_spec(call.call_id), call)
         state = CallState()  # a new call: its first delivery is by far the most common begin
+        with self._specs_lock:
+            sent = self._unanswered.get(call.call_id)
+        if sent is not None and sent[0] == token:  # retried after its reply was lost: planned as landed
+            _, state, spec = sent
         delivered = _spec_args(call)
         for _ in range(_TRIES):
             writes = plan_begin(state, spec, worker, config, token, None)  # the lease's expiry: the server's
             if writes.claim is None and writes.record is None:
                 break  # finished or busy: nothing to write (the state came from a reply)
-            reply = self._run("begin", call.call_id, *delivered, *_expected(state, spec),
-                              *_pack(writes, state, self.retention_s))
+            try:
+                reply = self._run("begin", call.call_id, *delivered, *_expected(state, spec),
+                                  *_pack(writes, state, self.retention_s))
+            except Exception:
+                if writes.claim is not None:  # it may have landed: a retry with this token plans for that
+                    self._unanswered_claim(call.call_id, token, CallState(
+                        writes.claim.attempt, None, True, worker, None, state.handed_on, state.handed, token), spec)
+                raise
+            if sent is not None:
+                with self._specs_lock:
+                    self._unanswered.pop(call.call_id, None)
+                sent = None
             if reply[0] == 1:
                 break
             _, result, attempts, handed_on, handed, held, holder, expires, cause, name, ikey = reply
