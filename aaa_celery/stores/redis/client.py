@@ -11,6 +11,8 @@ process holds one connection per live thread that used the store (mind a pool's
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import threading
 from importlib import resources
 from collections.abc import Callable
@@ -60,11 +62,13 @@ class _Lent:
     """A connection of the pool lent to one thread, given back when the thread ends (its
     thread-local slot is dropped; under gevent or eventlet, when its greenlet ends)."""
 
-    __slots__ = ("conn", "pending", "pid", "pool")
+    __slots__ = ("conn", "pending", "pid", "pool", "sock")
 
     def __init__(self, pool: Any) -> None:
         self.pool, self.pid = pool, os.getpid()
         self.conn = pool.get_connection()
+        #: The connection's socket last given kernel timeouts (a reconnect makes a new one).
+        self.sock: Any = None
         #: A command was sent and its reply not read (an exception came in between): the
         #: connection is out of step, and is reconnected before it is used again.
         self.pending = False
@@ -77,6 +81,22 @@ class _Lent:
                 self.pool.release(self.conn)
         except Exception:  # noqa: BLE001 - at interpreter exit the pool may be half gone
             pass
+
+
+def _kernel_timeouts(sock: Any, timeout_s: float | None) -> Any:
+    """Let the kernel time out ``sock``'s sends and receives: a socket with a Python
+    timeout polls before every ``send`` and ``recv``, and each poll lets go of the GIL,
+    so a round trip hands the GIL over four times instead of two (on a threads pool each
+    hand-off is a wake-up of another thread). redis-py reports the kernel's receive
+    timeout as a ``ConnectionError`` over a ``BlockingIOError``; :func:`evalsha` raises
+    it as the ``TimeoutError`` it is. TLS sockets keep Python's timeouts."""
+    if type(sock) is socket.socket and timeout_s:
+        whole = int(timeout_s)
+        timeval = struct.pack("ll", whole, int((timeout_s - whole) * 1_000_000))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+        sock.settimeout(None)
+    return sock
 
 
 def evalsha(client: Any, held: threading.local, script: Any, keys: list[str], args: list[Any]) -> Any:
@@ -95,13 +115,21 @@ def evalsha(client: Any, held: threading.local, script: Any, keys: list[str], ar
     if lent.pending:
         conn.disconnect()
         lent.pending = False
+    sock = conn._sock
+    if sock is not lent.sock and sock is not None:
+        lent.sock = _kernel_timeouts(sock, conn.socket_timeout)
     command = ("EVALSHA", script.sha, len(keys), *keys, *args)
     packed = [_pack(command)] if _pack is not None else conn.pack_command(*command)
 
     def send() -> Any:
         lent.pending = True
         conn.send_packed_command(packed, check_health=False)
-        reply = conn.read_response()
+        try:
+            reply = conn.read_response()
+        except redis.ConnectionError as e:
+            if isinstance(e.__context__, BlockingIOError):  # the kernel's receive timeout
+                raise redis.TimeoutError("Timeout reading from socket") from None
+            raise
         lent.pending = False
         return reply
 
