@@ -15,6 +15,11 @@ after issue 10's hot-path pass; 23 µs at 000857b, 41-49 µs before that pass).
     python benchmarks/profile_call.py --profile      # + cProfile, sorted by own time
     python benchmarks/profile_call.py --stub         # the guard's Python only, no store I/O
     python benchmarks/profile_call.py --profile --cpu-clock   # cProfile on CPU time, not wall time
+    python benchmarks/profile_call.py --publish      # apply_async's register, alone and registered_together
+
+With ``--publish`` it publishes N guarded calls (to a ``memory://`` broker, so every socket
+read is the store's) one register each, then inside ``registered_together``, and prints the
+store socket reads and the publisher's CPU per call.
 """
 
 from __future__ import annotations
@@ -67,9 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stub", action="store_true", help="a store without I/O: the guard's own Python only")
     ap.add_argument("--cpu-clock", action="store_true",
                     help="profile on this process's CPU time (blocking waits do not count)")
+    ap.add_argument("--publish", action="store_true", help="the publish side: register per call vs batched")
     args = ap.parse_args(argv)
     if args.stub:
         return stub_main(args)
+    if args.publish:
+        return publish_main(args)
     import redis
 
     with redis_server() as srv:
@@ -140,6 +148,41 @@ def stub_main(args: argparse.Namespace) -> int:
         loop(guarded, [f"profiled-{i}" for i in range(n)])
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
+    return 0
+
+
+def publish_main(args: argparse.Namespace) -> int:
+    """``--publish``: apply_async of N guarded calls, registered one by one, then together."""
+    import contextlib
+    import socket
+
+    with redis_server() as srv:
+        os.environ.update(BENCH_BROKER="memory://", BENCH_STORE=srv.url)
+        from aaa_celery.worker import registered_together
+        from benchmarks import bench_app
+
+        task = bench_app.app.tasks["bench.guarded"]
+        task.apply_async((0,), task_id="warm")  # scripts loaded, imports done
+        reads, recv_into = [0], socket.socket.recv_into
+
+        def counted(sock: socket.socket, *a: Any, **kw: Any) -> int:
+            reads[0] += 1
+            return recv_into(sock, *a, **kw)
+
+        for r in range(args.reps):
+            for together in (False, True):
+                reads[0], n = 0, args.calls
+                socket.socket.recv_into = counted  # type: ignore[method-assign]
+                t0 = time.process_time()
+                try:
+                    with registered_together() if together else contextlib.nullcontext():
+                        for i in range(n):
+                            task.apply_async((i,), task_id=f"{r}-{together}-{i}")
+                finally:
+                    socket.socket.recv_into = recv_into  # type: ignore[method-assign]
+                cpu = time.process_time() - t0
+                print(f"round {r} {'registered_together' if together else 'one register each':19}: "
+                      f"store socket reads {reads[0] / n:.3f} per publish, publisher CPU {cpu / n * 1e3:.3f} ms/call")
     return 0
 
 

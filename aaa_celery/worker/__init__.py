@@ -2,6 +2,7 @@
 
 from .bootstep import RecoveryStep
 from .install import attach, install
+from .registering import registered_together
 from .settings import check_settings
 from .stores import app_store, store_url, use_store
 from .task import GuardedTask
@@ -13,6 +14,7 @@ __all__ = [
     "attach",
     "check_settings",
     "install",
+    "registered_together",
     "store_url",
     "use_store",
 ]

@@ -18,11 +18,11 @@ from celery.exceptions import Ignore, Reject
 from celery.result import AsyncResult
 
 from ..context import ToolContext
-from ..errors import ForeignCall, StoreError, StoreUnavailable
+from ..errors import ForeignCall, StoreUnavailable
 from ..guard import Dropped, GuardRunner, HandBack, run_unguarded
 from ..lifecycle import CallSpec
 from ..protocol import RUN_HEADER, TENANT_HEADER, check_call
-from . import calls, publish
+from . import calls, publish, registering
 from .codec import result_codec, stored_arguments
 from .control import REPLACED, control_for, raise_for_task
 from .events import TaskEvents
@@ -79,14 +79,12 @@ class GuardedTask(GuardOptions, _Task):
         return result
 
     def _register(self, call_id: str, args: Any, kwargs: Any, message: dict[str, Any], headers: dict[str, Any]) -> None:
-        """Register the call with ``message`` as sent: what recovery sends again. The message
-        is out already, so a store that fails here is logged, not raised: the call runs, and
-        its worker registers it at ``begin`` (only a broker that loses it goes unnoticed)."""
+        """Register the call with ``message`` as sent: what recovery sends again (now, or with
+        the thread's batch in :func:`~.registering.registered_together`). The message is out
+        already, so a store that fails here is logged, not raised: the call runs, and its
+        worker registers it at ``begin`` (only a broker that loses it goes unnoticed)."""
         spec = self.call_spec(call_id, list(args or ()), dict(kwargs or {}), message["routing_key"], headers)
-        try:
-            app_store(self.app).register(calls.with_message(spec, message))
-        except StoreError as e:
-            log.warning("aaa: call %s was sent but not registered (%s)", call_id, e)
+        registering.register(app_store(self.app), calls.with_message(spec, message))
 
     def call_spec(self, call_id: str, args: list[Any], kwargs: dict[str, Any], queue: str | None,
                   headers: dict[str, Any]) -> CallSpec:

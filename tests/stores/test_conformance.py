@@ -530,6 +530,26 @@ def test_register_remembers_a_call_once_and_its_first_delivery_claims_attempt_1(
     assert store.events(call.call_id)[0].data["name"] == "mail"
 
 
+def test_register_many_remembers_each_call_as_register_does(store_factory):
+    # Given a call already running, and three new calls sent together
+    store, other = store_factory(), store_factory()
+    running = new_call("mail")
+    lease = claim(other, running, "worker-a", config()).lease
+    sent = [new_call(f"mail-{n}") for n in range(3)]
+
+    # When they are registered in one batch (the running one sent again with them)
+    store.register_many([*sent, running])
+
+    # Then each new call's first delivery claims attempt 1 under its own name, and the
+    # running call keeps its lease (registering a known call changes nothing)
+    for call in sent:
+        assert store.events(call.call_id) == []
+        assert claim(other, CallSpec(call.call_id), "worker-b", config()).attempt == 1
+        assert store.events(call.call_id)[0].data["name"] == call.name
+    assert isinstance(store.begin(running, "worker-b", config()), Busy)
+    assert store.finish(lease, Outcome.success(1), config()) == Accepted(Outcome.success(1, 1))
+
+
 def test_hand_on_frees_the_lease_and_the_next_delivery_claims_the_next_attempt(store_factory):
     # Given an at_most_once call whose attempt 1 hands it on (a retry the body asked for)
     store, other = store_factory(), store_factory()

@@ -15,9 +15,10 @@ import time
 import pytest
 import redis
 
-from aaa_celery import GuardedTask
+from aaa_celery import GuardedTask, open_store
 from aaa_celery.lifecycle import COMPLETED, FAILED, STARTED
 from aaa_celery.testing import wait_for
+from aaa_celery.worker import registered_together
 
 from ..servers import RedisServer
 
@@ -71,6 +72,35 @@ def test_message_deleted_before_any_worker_took_it_completes_within_120_s_on_def
     assert took < 120
     assert len(f.ledger.entries(result.id, "start")) == 1
     assert types(f.store, result.id) == [STARTED, COMPLETED]
+
+
+def test_messages_sent_in_registered_together_are_registered_at_its_end_and_a_lost_one_completes(fleet):
+    """Issue 23 item 2: calls sent in bulk are registered in one round trip per batch. The
+    block's end registers them all, so the lost-message guarantee holds for each."""
+    defaults = {"RECOVERY_S": 2}
+    client = fleet.client(TTL=TTL, **defaults)
+    store = open_store(fleet.redis_url)
+    try:
+        # Given three calls sent inside one block
+        with registered_together(max_calls=10, max_delay_s=60):
+            results = [client.tasks["fleet.quick"].delay(n) for n in range(3)]
+            # (sent, not registered yet: the batch waits for the block's end)
+            assert store.expired(unclaimed_grace_s=-3600) == []
+        # Then the block's end registered each one
+        assert {c.call_id for c in store.expired(unclaimed_grace_s=-3600)} == {r.id for r in results}
+    finally:
+        store.close()
+
+    # When the broker loses all three messages before any worker took them
+    lost_at = time.monotonic()
+    broker = redis.Redis.from_url(fleet.redis_url)
+    assert broker.delete("celery") == 1
+    f = fleet(TTL=TTL, **defaults)
+
+    # Then each completes, once, within 120 s
+    assert [r.get(timeout=120) for r in results] == [1, 2, 3]
+    assert time.monotonic() - lost_at < 120
+    assert [len(f.ledger.entries(r.id, "start")) for r in results] == [1, 1, 1]
 
 
 @pytest.mark.timeout(1800 if LONG else 300)

@@ -279,12 +279,17 @@ class RedisStore(RedisRuns, Store):
         """The recovery indexes (``running``, ``unclaimed``) of a shard."""
         return list(self._indexes[shard])
 
-    def _run(self, script: str, call_id: str, *args: Any) -> Any:
+    def _keys(self, call_id: str) -> list[str]:
+        """A call's keys, as the scripts take them (``lua/_lib.lua``)."""
         shard = self.shard(call_id)
         call = f"{self._tags[shard]}:{call_id}"
         keys = [f"{call}:{k}" for k in _CALL_KEYS] + self._indexes[shard]
         keys.append(f"{call}:recovery")
         keys.append(f"{self._tags[shard]}:calls")  # the shard's time index (stores/ops.py)
+        return keys
+
+    def _run(self, script: str, call_id: str, *args: Any) -> Any:
+        keys = self._keys(call_id)
         with wrap_errors(self.kind, *ERRORS):
             client = self._redis
             if self.cluster:
@@ -391,6 +396,20 @@ class RedisStore(RedisRuns, Store):
 
     def register(self, call: CallSpec) -> None:
         self._run("register", call.call_id, *_spec_args(call))
+
+    def register_many(self, calls: list[CallSpec]) -> None:
+        if self.cluster or len(calls) < 2:  # a cluster's pipeline would split by node anyway
+            return super().register_many(calls)
+        script = self._scripts["register"]
+        with wrap_errors(self.kind, *ERRORS):
+            pipe = self._redis.pipeline(transaction=False)  # one round trip for them all
+            for call in calls:
+                keys = self._keys(call.call_id)
+                pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, call.call_id, *_spec_args(call))
+            replies = pipe.execute(raise_on_error=False)
+        for call, reply in zip(calls, replies):
+            if isinstance(reply, Exception):  # NOSCRIPT (a restarted server), ...: alone, loaded
+                self.register(call)
 
     def claim_recovery(self, call_id: str, worker: str, hold_s: float, max_hold_s: float | None = None) -> int:
         # The record Redis keeps is deleted by a claim, so its count is always the current
