@@ -286,47 +286,74 @@ def test_a_call_whose_id_is_the_schema_lock_s_name_never_blocks_opening_the_stor
 # -- Cost per operation (issue 23): statements, transactions, server sessions ------------
 
 
-def _statements(store: PostgresStore) -> list[str]:
-    """Every statement the store sends from now on, as its first words (BEGIN and COMMIT,
-    which the driver sends itself, are counted apart by :func:`_transactions`)."""
-    sent: list[str] = []
-    sa.event.listen(store.engine, "before_cursor_execute",
-                    lambda conn, cur, statement, *rest: sent.append(" ".join(statement.split()[:3])))
-    return sent
+class _Wire:
+    """What the store sends the server from now on, read from libpq's protocol trace of
+    every connection it uses (the store runs its hot path on the driver, below SQLAlchemy's
+    events): statements, transactions, and round trips (a simple query, or each Sync or
+    Flush of the extended protocol: a wait for the server's answers; a Flush right after a
+    Sync is the same wait)."""
+
+    def __init__(self, store: PostgresStore, tmp: Path) -> None:
+        from psycopg.pq import Trace
+
+        self.tmp, self.files = tmp, {}
+
+        def trace(pgconn) -> None:
+            if id(pgconn) not in self.files:
+                self.files[id(pgconn)] = f = open(tmp / f"trace-{len(self.files)}.txt", "w")  # noqa: SIM115
+                pgconn.trace(f.fileno())
+                pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
+
+        sa.event.listen(store.engine, "checkout", lambda dbapi, record, proxy: trace(dbapi.pgconn))
+        trace(store._session.conn.connection.driver_connection.pgconn)
+        self.seen: dict[int, int] = {}
+
+    def take(self) -> tuple[int, int, int]:
+        """(statements, transactions, round trips) sent since the last take."""
+        statements = transactions = trips = 0
+        for key, f in self.files.items():
+            f.flush()
+            lines = [ln.split("\t") for ln in (self.tmp / Path(f.name).name).read_text().splitlines()]
+            sent = [ln[2] + (ln[3] if len(ln) > 3 else "") for ln in lines if ln[0] == "F"]
+            new, self.seen[key] = sent[self.seen.get(key, 0):], len(sent)
+            for i, msg in enumerate(new):
+                if msg.startswith("Query"):  # a simple query: its statements, one round trip
+                    parts = [p.strip(' "') for p in msg.removeprefix("Query").split("; ")]
+                    transactions += parts.count("BEGIN")
+                    statements += sum(1 for p in parts if p not in ("BEGIN", "COMMIT"))
+                    trips += 1
+                elif msg.startswith("Execute"):
+                    statements += 1
+                elif msg.startswith("Sync") or (msg.startswith("Flush") and not (i and new[i - 1].startswith("Sync"))):
+                    trips += 1
+        return statements, transactions, trips
 
 
-def _transactions(store: PostgresStore) -> list[int]:
-    """The transactions the store opens (an autocommit connection's statements commit alone)."""
-    begun: list[int] = []
-
-    def _begin(conn: sa.Connection) -> None:
-        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
-            begun.append(1)
-
-    sa.event.listen(store.engine, "begin", _begin)
-    return begun
-
-
-def test_register_begin_and_finish_each_take_one_transaction_and_few_statements(stores):
+def test_register_begin_and_finish_each_take_one_transaction_and_few_round_trips(stores, tmp_path):
     # Reproduces the cost issue 23 measured: register 2 statements in a transaction, begin 6 in
-    # two transactions, finish 8 in two, each transaction a BEGIN and a COMMIT round trip more.
+    # two transactions, finish 8 in two, each transaction a BEGIN and a COMMIT round trip more;
+    # then (4dfc08d) 4 round trips each for begin and finish, BEGIN a round trip of its own.
     store, call, cfg = stores(), new_call(), GuardConfig()
-    # not counted: the database's clock, read once in a while, and opening the lease session
-    store.finish(claim(store, new_call(), "A", cfg).lease, Outcome.success(0), cfg)
-    sent, begun = _statements(store), _transactions(store)
+    # not counted: the database's clock, read once in a while, opening the lease session,
+    # and preparing each statement on its connection (once)
+    for _ in range(2):
+        store.register(warm := new_call())
+        warm_lease = claim(store, warm, "A", cfg).lease
+        store.renew(warm_lease)
+        store.finish(warm_lease, Outcome.success(0), cfg)
+    wire = _Wire(store, tmp_path)
     store.register(call)
-    assert (len(sent), len(begun)) == (1, 0), sent  # one autocommitted insert
-    sent.clear()
+    assert wire.take() == (1, 0, 1)  # one autocommitted insert
     lease = claim(store, call, "A", cfg).lease
-    # the lock on the lease session, then one transaction: the row with its result, the claim, the event
-    assert (len(sent), len(begun)) == (4, 1), sent
-    sent.clear(), begun.clear()
+    # the lock on the lease session; one transaction: BEGIN with the row and its result, then
+    # the claim and the event with the COMMIT
+    assert wire.take() == (4, 1, 3)
     assert store.renew(lease) is True
-    assert (len(sent), len(begun)) == (1, 0), sent
-    sent.clear()
+    assert wire.take() == (1, 0, 1)
     assert isinstance(store.finish(lease, Outcome.success(1), cfg), Accepted)
-    # one transaction (the row with its result, the result, the lease cleared, the event), then the unlock
-    assert (len(sent), len(begun)) == (5, 1), sent
+    # one transaction (the row with its result; the result, the lease cleared, the event and
+    # the COMMIT), then the unlock
+    assert wire.take() == (5, 1, 3)
 
 
 def test_the_leases_of_a_process_share_one_server_session(stores, postgres_url):

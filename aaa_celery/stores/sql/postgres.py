@@ -57,11 +57,12 @@ from sqlalchemy.engine import Connection, Row
 
 from ...config import GuardConfig
 from ...errors import ConfigError, StoreUnavailable, UnsafeDeployment
-from ...lifecycle import BeginResult, CallSpec, Claimed, Lease, Writes
+from ...lifecycle import BeginResult, CallSpec, Claimed, FinishResult, Lease, Outcome, Writes, plan_finish
+from .._writes import apply
 from ..base import new_token, wrap_errors
 from .runs import SQLRuns
 from . import versions
-from .store import SQLStore
+from .store import SQLStore, _outcome, call_state, lapsed_event
 
 _DRIVER_ERRORS = (exc.OperationalError, exc.InterfaceError)
 
@@ -77,16 +78,8 @@ DEFAULT_CONNECT_ARGS: dict[str, Any] = {
 
 # -- Statements -------------------------------------------------------------------------
 
-#: Try to take a call's lease on this session; also says which backend answered.
-TRY_LEASE_LOCK = sa.text("SELECT pg_try_advisory_lock(:key) AS got, pg_backend_pid() AS pid")
-
-#: Give a call's lease back (this session's lock on ``key``).
-RELEASE_LEASE_LOCK = sa.text("SELECT pg_advisory_unlock(:key) AS freed, pg_backend_pid() AS pid")
-
 #: The server process behind this connection.
 BACKEND_PID = sa.text("SELECT pg_backend_pid()")
-#: The same, as a row (the lease session's statements all return ``pid``).
-SESSION_PID = sa.text("SELECT pg_backend_pid() AS pid")
 
 #: Does backend ``pid`` hold the lease lock of the call, and does
 #: the call's row still name ``token`` as its lease?
@@ -100,15 +93,6 @@ LEASE_STILL_HELD = sa.text(
                 AND pid = CAST(:pid AS integer))
        AND EXISTS (SELECT 1 FROM aaa_calls WHERE call_id = :call_id AND lease_token = :token) AS held
     """
-)
-
-#: Does the lease session (its locks known to the store) still name ``token`` as the call's
-#: lease? A lock can leave a session only by its unlock or with the session, so a session
-#: that answers with its own pid still holds it: no scan of ``pg_locks``, whose cost grows
-#: with the locks held.
-OWN_LEASE_HELD = sa.text(
-    "SELECT pg_backend_pid() AS pid,"
-    " EXISTS (SELECT 1 FROM aaa_calls WHERE call_id = :call_id AND lease_token = :token) AS held"
 )
 
 #: Whether no session holds a call's lease: a shared lock on its key is granted only then. It
@@ -134,8 +118,6 @@ SCHEMA_LOCK_SPACE = int.from_bytes(hashlib.blake2b(b"aaa_celery:schema", digest_
 
 #: The database's clock, in seconds since the epoch (the store's default clock).
 DB_CLOCK = sa.text("SELECT extract(epoch FROM clock_timestamp())")
-
-_SELECT_BACKEND_PID = sa.func.pg_backend_pid().label("backend_pid")
 
 
 def lock_key(call_id: str) -> int:
@@ -191,8 +173,10 @@ class _LeaseSession:
     a transaction-pooling proxy, refused with :class:`~aaa_celery.errors.UnsafeDeployment`.
     """
 
-    def __init__(self, engine: sa.Engine) -> None:
+    def __init__(self, engine: sa.Engine, errors: tuple[type[BaseException], ...]) -> None:
         self.engine = engine
+        #: What a failed statement on the session raises (SQLAlchemy's or the driver's errors).
+        self.errors = errors
         self.lock = threading.Lock()
         self.conn: Connection | None = None
         self.pid: int | None = None
@@ -220,57 +204,67 @@ class _LeaseSession:
             with contextlib.suppress(Exception):
                 conn.close()
 
-    def _run(self, statement: sa.TextClause, params: dict[str, Any]) -> Row[Any]:
-        """Run one statement that also returns ``pid``; check the session did not move."""
-        row = self._open().execute(statement, params).one()
-        if row.pid != self.pid:
-            pids = [self.pid or 0, row.pid]
+    def _run(self, statement: str, params: tuple[Any, ...]) -> Any:
+        """Run one statement of :mod:`.pg_driver` that also returns the backend pid, on the
+        driver (prepared); check the session did not move; return its answer."""
+        from .pg_driver import session_run
+
+        answer, pid = session_run(self._open().connection.driver_connection, statement, params)
+        if pid != self.pid:
+            pids = [self.pid or 0, pid]
             self._drop()
             raise _pooled(pids)
-        return row
+        return answer
 
     def try_lock(self, key: int, token: str) -> tuple[bool, str]:
         """Take ``key`` if no session holds it: (got it, the lease token ``<pid>.<token>``,
         with this session's backend pid). A key this session holds already is busy."""
+        from .pg_driver import SESSION_PID, TRY_LEASE_LOCK
+
         with self.lock:
             if key in self.keys:  # held here, if the session still lives
                 try:
-                    return False, f"{self._run(SESSION_PID, {}).pid}.{token}"
-                except exc.DBAPIError:
+                    self._run(SESSION_PID, ())
+                    return False, f"{self.pid}.{token}"
+                except self.errors:
                     self._drop()
             for retry in (True, False):
                 try:
-                    row = self._run(TRY_LEASE_LOCK, {"key": key})
+                    got = self._run(TRY_LEASE_LOCK, (key,))
                     break
-                except exc.DBAPIError:
+                except self.errors:
                     self._drop()  # a failed session held no lock of ours any more: retry once on a new one
                     if not retry:
                         raise
-            lease_token = f"{row.pid}.{token}"
-            if row.got:
+            lease_token = f"{self.pid}.{token}"
+            if got:
                 self.keys[key] = lease_token
-            return bool(row.got), lease_token
+            return bool(got), lease_token
 
     def unlock(self, key: int, token: str) -> None:
         """Give ``key`` back if this session holds it for ``token``."""
+        from .pg_driver import RELEASE_LEASE_LOCK
+
         with self.lock:
             if self.keys.get(key) != token:
                 return  # not ours, or gone with a session that ended
             del self.keys[key]
             try:
-                self._run(RELEASE_LEASE_LOCK, {"key": key})
-            except exc.DBAPIError:
+                self._run(RELEASE_LEASE_LOCK, (key,))
+            except self.errors:
                 self._drop()  # its session is gone, and the lock with it
 
     def holds(self, key: int, call_id: str, token: str) -> bool:
         """Whether this session still holds ``key`` for ``token``, and the call's row still
-        names ``token``: the session answers (with its pid, :data:`OWN_LEASE_HELD`)."""
+        names ``token``: the session answers (with its pid, :data:`.pg_driver.OWN_LEASE_HELD`)."""
+        from .pg_driver import OWN_LEASE_HELD
+
         with self.lock:
             if self.keys.get(key) != token:
                 return False
             try:
-                return bool(self._run(OWN_LEASE_HELD, {"call_id": call_id, "token": token}).held)
-            except exc.DBAPIError:
+                return bool(self._run(OWN_LEASE_HELD, (call_id, token)))
+            except self.errors:
                 self._drop()
                 return False
 
@@ -336,7 +330,7 @@ class PostgresStore(SQLRuns, SQLStore):
         engine_options: dict[str, Any] | None = None,
     ) -> None:
         try:
-            import psycopg  # noqa: F401
+            import psycopg
         except ImportError as e:
             raise ConfigError(
                 "the postgresql store needs the psycopg 3 driver: pip install aaa_celery[postgres]"
@@ -350,8 +344,12 @@ class PostgresStore(SQLRuns, SQLStore):
         self._clock_base: tuple[float, float] | None = None
         super().__init__(sa.create_engine(_engine_url(url), connect_args=args, **options), clock or self._db_clock)
         ping_if_idle(self.engine, self.PING_IDLE_S)
-        self._session = _LeaseSession(self.engine)
-        with wrap_errors(self.kind, *_DRIVER_ERRORS):
+        from .pg_driver import CONNECTION_ERRORS
+
+        #: What wrap_errors turns into StoreUnavailable: SQLAlchemy's and the driver's errors.
+        self._errors = (*_DRIVER_ERRORS, *CONNECTION_ERRORS)
+        self._session = _LeaseSession(self.engine, (exc.DBAPIError, psycopg.Error))
+        with wrap_errors(self.kind, *self._errors):
             with self.engine.connect() as conn:
                 check_session_pinned(conn)
             with self.engine.begin() as conn:
@@ -377,7 +375,7 @@ class PostgresStore(SQLRuns, SQLStore):
         return base[0] + (time.monotonic() - base[1])
 
     def _read_db_clock(self) -> tuple[float, float]:
-        with wrap_errors(self.kind, *_DRIVER_ERRORS), self.engine.connect() as conn:
+        with wrap_errors(self.kind, *self._errors), self.engine.connect() as conn:
             sent = time.monotonic()
             db_now = float(conn.execute(DB_CLOCK).scalar_one())
             back = time.monotonic()
@@ -386,7 +384,7 @@ class PostgresStore(SQLRuns, SQLStore):
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        with wrap_errors(self.kind, *_DRIVER_ERRORS), self.engine.begin() as conn:
+        with wrap_errors(self.kind, *self._errors), self.engine.begin() as conn:
             yield conn
 
     _read = _write
@@ -409,7 +407,7 @@ class PostgresStore(SQLRuns, SQLStore):
 
     @contextmanager
     def _autocommit(self) -> Iterator[Connection]:
-        with wrap_errors(self.kind, *_DRIVER_ERRORS), self.engine.connect() as conn:
+        with wrap_errors(self.kind, *self._errors), self.engine.connect() as conn:
             yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def _apply(self, conn: Connection, writes: Writes, call_id: str, now: float) -> Any:
@@ -426,32 +424,64 @@ class PostgresStore(SQLRuns, SQLStore):
         return reply
 
     def register(self, call: CallSpec) -> None:
-        """Register the call (see :meth:`SQLStore.register`); a pooled connection that turns out
-        dead (pinged only after :attr:`PING_IDLE_S` unused) is retried once on a new one: the
-        insert is idempotent, and a call sent unregistered could not be recovered if its
-        message were lost."""
-        try:
-            super().register(call)
-        except StoreUnavailable as e:
-            if not getattr(e.__cause__, "connection_invalidated", False):
-                raise
-            super().register(call)  # the pool dropped the connections opened before the failure
+        """Register the call (see :meth:`SQLStore.register`): one autocommitted insert on the
+        driver for a new call. A pooled connection that turns out dead (pinged only after
+        :attr:`PING_IDLE_S` unused) is retried once on a new one: the insert is idempotent,
+        and a call sent unregistered could not be recovered if its message were lost."""
+        from .pg_driver import CONNECTION_ERRORS, INSERT_NEW_CALL, autocommit, dumps
+
+        now = self.now()
+        for retry in (True, False):
+            try:
+                with wrap_errors(self.kind, *self._errors):
+                    if autocommit(self.engine.pool, self.engine.raw_connection(), INSERT_NEW_CALL,
+                                  (call.call_id, dumps(call.__dict__), now)) is not None:
+                        return
+                break
+            except StoreUnavailable as e:
+                if not retry or not isinstance(e.__cause__, CONNECTION_ERRORS):
+                    raise
+                # the pool dropped the connections opened before the failure: once more
+        with self._write() as conn:  # a known call: keep what it stores, add what it lacks
+            self._lock_call(conn, call, now)
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        """A write transaction on the driver (:class:`.pg_driver.Transaction`), one pipeline."""
+        from .pg_driver import transaction
+
+        with wrap_errors(self.kind, *self._errors), transaction(self.engine.pool, self.engine.raw_connection()) as tx:
+            yield tx
 
     def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
         key = lock_key(call.call_id)
-        with wrap_errors(self.kind, *_DRIVER_ERRORS):
+        with wrap_errors(self.kind, *self._errors):
             got, lease_token = self._session.try_lock(key, token or new_token())
         claimed = False
         try:
-            with self._write() as conn:
+            with self._transaction() as tx:
                 now = self.now()
-                row, spec = self._lock_call(conn, call, now)
-                result = self._begin(conn, row, spec, worker, config, now, not got, lease_token)
-            claimed = got and isinstance(result, Claimed)
-            return result
+                row, spec = tx.lock_call(call, now)
+                result = _outcome(row.outcome)
+                lapsed = lapsed_event(row, result, not got)
+                state = call_state(row, result, not got, tx.event_data(lapsed) if lapsed else None)
+                begun: BeginResult = apply(self._begin_writes(state, spec, worker, config, now, lease_token),
+                                           tx.writer(row.call_id, now))
+            claimed = got and isinstance(begun, Claimed)
+            return begun
         finally:
             if got and not claimed:
                 self._session.unlock(key, lease_token)
+
+    def _finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
+        with self._transaction() as tx:
+            now = self.now()
+            row, spec = tx.lock_call(CallSpec(lease.call_id), now)
+            # under the row lock, as SQLStore._finish: the decision still holds when written
+            state = call_state(row, _outcome(row.outcome), False, None)
+            finished: FinishResult = apply(plan_finish(state, spec, lease, outcome, config),
+                                           tx.writer(lease.call_id, now))
+        return finished
 
     def _let_go(self, lease: Lease) -> None:
         self._session.unlock(lock_key(lease.call_id), lease.token)
@@ -465,7 +495,7 @@ class PostgresStore(SQLRuns, SQLStore):
         """Check that the lease's session is alive and still holds the lock (no TTL to extend)."""
         key = lock_key(lease.call_id)
         if self._session.keys.get(key) == lease.token:
-            with wrap_errors(self.kind, *_DRIVER_ERRORS):
+            with wrap_errors(self.kind, *self._errors):
                 return self._session.holds(key, lease.call_id, lease.token)
         pid = self.lease_backend_pid(lease)
         if pid is None:

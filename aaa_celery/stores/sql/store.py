@@ -104,6 +104,26 @@ def _outcome(raw: dict[str, Any] | None) -> Outcome | None:
     return None if raw is None else Outcome(**raw)
 
 
+def lapsed_event(row: Any, result: Outcome | None, holder_live: bool) -> str | None:
+    """The id of the event that may say why the call's last attempt was lost: only a call
+    claimed before, without a result, whose lease is not live has one to look up."""
+    if holder_live or row.attempts == 0 or result is not None:
+        return None
+    return event_id(row.call_id, FENCED, row.attempts)
+
+
+def call_state(row: Any, result: Outcome | None, holder_live: bool, lapsed_data: dict[str, Any] | None) -> CallState:
+    """The state of a call from its row (``aaa_calls``' columns), its result, whether its
+    lease is live, and the data of its :func:`lapsed_event` (or None)."""
+    token = row.lease_token or ""
+    if not holder_live:
+        lost_cause = str((lapsed_data or {}).get("cause") or "")
+        return CallState(row.attempts, result, handed_on=row.handed_on, handed=row.handed, token=token,
+                         lost_cause=lost_cause)
+    return CallState(row.attempts, result, True, row.lease_worker or "", row.lease_expires_at,
+                     row.handed_on, row.handed, token)
+
+
 @dataclass
 class _Writer(CallWriter):
     """A call's rows, locked in the transaction ``conn``, written at ``now``."""
@@ -227,16 +247,9 @@ class SQLStore(Store):
         is read with the row if the row has it (``outcome``); ``cause``: look up why a lapsed
         call's last attempt was lost (only a delivery's decision needs it)."""
         result = _outcome(row.outcome) if "outcome" in row._fields else self._result(conn, row.call_id)
-        token = row.lease_token or ""
-        if not holder_live:
-            lost_cause = ""
-            if cause and row.attempts > 0 and result is None:  # a lapsed call: did its holder say why?
-                data = conn.execute(select_event_data(event_id(row.call_id, FENCED, row.attempts))).scalar_one_or_none()
-                lost_cause = str((data or {}).get("cause") or "")
-            return CallState(row.attempts, result, handed_on=row.handed_on, handed=row.handed, token=token,
-                             lost_cause=lost_cause)
-        return CallState(row.attempts, result, True, row.lease_worker or "", row.lease_expires_at,
-                         row.handed_on, row.handed, token)
+        lapsed = lapsed_event(row, result, holder_live) if cause else None
+        data = conn.execute(select_event_data(lapsed)).scalar_one_or_none() if lapsed else None
+        return call_state(row, result, holder_live, data)
 
     def _begin(
         self,
@@ -251,14 +264,18 @@ class SQLStore(Store):
     ) -> BeginResult:
         """Decide a delivery of the locked call and write the decision; a claim's
         lease gets ``token`` (and an expiry if the backend's leases have a TTL)."""
-        state = self._state(conn, row, holder_live)
-        if holder_live and not self.ttl_leases:
+        writes = self._begin_writes(self._state(conn, row, holder_live), spec, worker, config, now, token)
+        begun: BeginResult = self._apply(conn, writes, row.call_id, now)
+        return begun
+
+    def _begin_writes(self, state: CallState, spec: CallSpec, worker: str, config: GuardConfig, now: float,
+                      token: str) -> Writes:
+        """What a delivery of the call in ``state`` writes (:func:`~aaa_celery.lifecycle.plan_begin`)."""
+        if state.holder_live and not self.ttl_leases:
             # A session-bound lease held by another session is that session's, even if it is
             # this claim's own (a lost reply whose session lives on): wait for it to end.
             state = replace(state, token="")
-        writes = plan_begin(state, spec, worker, config, token, now if self.ttl_leases else None)
-        begun: BeginResult = self._apply(conn, writes, row.call_id, now)
-        return begun
+        return plan_begin(state, spec, worker, config, token, now if self.ttl_leases else None)
 
     # The Store interface.
 
@@ -268,20 +285,25 @@ class SQLStore(Store):
         lease lives on while the caller retries; it is freed once the result is written
         (or refused), and by :meth:`release` when the caller gives up."""
         try:
-            with self._write() as conn:
-                now = self.now()
-                row, spec = self._lock_call(conn, CallSpec(lease.call_id), now)
-                # The row lock serializes every write of the call, so the result read under
-                # it is current and the decision still holds when written: the insert of an
-                # accepted result cannot meet another result.
-                writes = plan_finish(self._state(conn, row, False, cause=False), spec, lease, outcome, config)
-                result: FinishResult = self._apply(conn, writes, lease.call_id, now)
+            result = self._finish(lease, outcome, config)
         except StoreUnavailable:
             raise
         except BaseException:
             self._let_go(lease)
             raise
         self._let_go(lease)
+        return result
+
+    def _finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
+        """Decide and write the outcome in one transaction under the call's row lock."""
+        with self._write() as conn:
+            now = self.now()
+            row, spec = self._lock_call(conn, CallSpec(lease.call_id), now)
+            # The row lock serializes every write of the call, so the result read under
+            # it is current and the decision still holds when written: the insert of an
+            # accepted result cannot meet another result.
+            writes = plan_finish(self._state(conn, row, False, cause=False), spec, lease, outcome, config)
+            result: FinishResult = self._apply(conn, writes, lease.call_id, now)
         return result
 
     def release(self, lease: Lease) -> None:
