@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import math
 
-from ..lifecycle import EPSILON, admits, window_of
-
-__all__ = ["EPSILON", "admits", "check_spend", "window_of"]
-
 
 def check_spend(key: str, token: str, amount: float, limit: float, window_s: float) -> None:
     """Raise ``ValueError`` for arguments no budget can take."""

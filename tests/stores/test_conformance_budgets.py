@@ -1,4 +1,4 @@
-"""The store conformance suite, budgets: ``Store.spend`` (stores/budgets.py) on every backend.
+"""The store conformance suite, budgets: ``Store.spend`` (lifecycle.plan_spend) on every backend.
 
 A budget counts amounts against a limit in fixed windows of time, atomically, and each
 token (a call id) at most once per window: the store half of GuardPolicy's Budget and
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aaa_celery.stores.budgets import admits
+from aaa_celery.lifecycle import admits
 
 
 #: A window no test crosses (about three years).
@@ -106,7 +106,7 @@ def test_spend_refuses_amounts_no_budget_can_take(store, bad):
     st.tuples(st.sampled_from(["a", "b", "c", "d", "e"]), st.integers(0, 6) | st.sampled_from([0.5, 2.5])),
     max_size=12))
 def test_spend_agrees_with_the_budget_rule_on_random_histories(store, limit, spends):
-    """A history of spends in one window, against a model of stores/budgets.py's rule."""
+    """A history of spends in one window, against a model of lifecycle.plan_spend's rule."""
     key, total, counted = budget(), 0.0, set()
     for token, amount in spends:
         if token in counted:

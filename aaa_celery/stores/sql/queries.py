@@ -39,7 +39,6 @@ def lapsed_at(expires_at: sa.ColumnElement[Any], now: float) -> sa.ColumnElement
     return sa.or_(expires_at.is_(None), expires_at <= now)
 
 
-
 def insert_call_if_absent(insert: Insert, spec: CallSpec, now: float) -> sa.Executable:
     """Register a call unless its row exists (the row is what the row lock locks)."""
     row = {"call_id": spec.call_id, "spec": asdict(spec), "attempts": 0, "registered_at": now}

@@ -4,7 +4,7 @@
 -- KEYS: the call keys of _lib.lua.
 -- ARGV[1] call id     ARGV[2] CallSpec JSON of a bare call (kept for a call the store does
 --   not know, rank 0, as register.lua would)
--- The expected state (as store.py's _expected_finish packs it):
+-- The expected state (as RedisStore.finish sends it):
 --   ARGV[3] the recorded result's JSON ('' none)   ARGV[4] the attempt count
 --   ARGV[5] name of the spec in force
 -- ARGV[6...] the plan's writes (_lib.lua's apply): to accept 'record' and 'event'; for a
