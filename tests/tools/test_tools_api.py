@@ -58,6 +58,17 @@ def test_public_names_of_aaa_celery_runtime_and_testing_are_frozen():
     )
 
 
+def test_public_names_of_aaa_celery_worker_are_frozen():
+    import aaa_celery.worker as worker
+
+    assert sorted(worker.__all__) == [
+        "GuardedTask", "RecoveryStep", "app_store", "attach", "check_settings", "install",
+        "registered_together", "store_url", "use_store",
+    ]
+    params = inspect.signature(worker.registered_together).parameters
+    assert {k: p.default for k, p in params.items()} == {"max_calls": 100, "max_delay_s": 0.1}
+
+
 def test_public_names_and_signatures_of_the_effects_api_are_frozen():
     # issue 24: effects applied once in the app's own database transaction
     import aaa_celery.contrib.django.effects as django_effects
