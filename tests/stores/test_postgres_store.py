@@ -332,7 +332,8 @@ class _Wire:
 def test_register_begin_and_finish_each_take_one_transaction_and_few_round_trips(stores, tmp_path):
     # Reproduces the cost issue 23 measured: register 2 statements in a transaction, begin 6 in
     # two transactions, finish 8 in two, each transaction a BEGIN and a COMMIT round trip more;
-    # then (4dfc08d) 4 round trips each for begin and finish, BEGIN a round trip of its own.
+    # then (4dfc08d) 4 round trips each for begin and finish, BEGIN a round trip of its own;
+    # then 3 each, the lock (begin) and the unlock (finish) a round trip of their own.
     store, call, cfg = stores(), new_call(), GuardConfig()
     # not counted: the database's clock, read once in a while, opening the lease session,
     # and preparing each statement on its connection (once)
@@ -345,15 +346,16 @@ def test_register_begin_and_finish_each_take_one_transaction_and_few_round_trips
     store.register(call)
     assert wire.take() == (1, 0, 1)  # one autocommitted insert
     lease = claim(store, call, "A", cfg).lease
-    # the lock on the lease session; one transaction: BEGIN with the row and its result, then
+    # one transaction on the lease session: the lock, BEGIN and the row with its result, then
     # the claim and the event with the COMMIT
-    assert wire.take() == (4, 1, 3)
+    assert wire.take() == (4, 1, 2)
     assert store.renew(lease) is True
     assert wire.take() == (1, 0, 1)
     assert isinstance(store.finish(lease, Outcome.success(1), cfg), Accepted)
-    # one transaction (the row with its result; the result, the lease cleared, the event and
-    # the COMMIT), then the unlock
-    assert wire.take() == (5, 1, 3)
+    # one transaction on the lease session: the row with its result; the result, the lease
+    # cleared, the event, the COMMIT and the unlock
+    assert wire.take() == (5, 1, 2)
+    assert advisory_locks_on(store, call.call_id) == 0
 
 
 def test_the_leases_of_a_process_share_one_server_session(stores, postgres_url):
@@ -415,3 +417,136 @@ def test_register_right_after_its_pooled_connection_was_terminated_still_registe
             time.sleep(0.01)
     store.register(second)
     assert {c.call_id for c in store.expired(unclaimed_grace_s=0)} >= {first.call_id, second.call_id}
+
+
+# -- begin and finish on the lease session (issue 23 item 1) ------------------------------
+
+
+def _checkouts(store: PostgresStore) -> list[int]:
+    """A counter of the store's pool checkouts from now on."""
+    seen = [0]
+
+    def count(dbapi, record, proxy) -> None:
+        seen[0] += 1
+
+    sa.event.listen(store.engine, "checkout", count)
+    return seen
+
+
+class _WatchedLock:
+    """A lock that counts the non-blocking acquires it refused."""
+
+    def __init__(self) -> None:
+        self.inner, self.refused = threading.Lock(), 0
+
+    def acquire(self, blocking: bool = True) -> bool:
+        got = self.inner.acquire(blocking)
+        self.refused += not got
+        return got
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def test_begin_and_finish_on_a_free_lease_session_take_no_pooled_connection(stores):
+    store, call, cfg = stores(), new_call(), GuardConfig()
+    store.register(call)
+    claim(store, new_call(), "A", cfg)  # the session is open (its connection, checked out once)
+    seen = _checkouts(store)
+    lease = claim(store, call, "A", cfg).lease
+    assert store.renew(lease) is True
+    assert isinstance(store.finish(lease, Outcome.success(1), cfg), Accepted)
+    assert seen == [0]
+    assert advisory_locks_on(store, call.call_id) == 0
+
+
+def test_begin_and_finish_while_another_thread_uses_the_lease_session_go_through_the_pool(stores):
+    # A threads pool shares the one lease session: a call that finds it busy does not queue on
+    # it for its whole transaction, it takes a pooled connection (and the session for the lock).
+    store, call, cfg = stores(), new_call(), GuardConfig()
+    store.register(call)
+    claim(store, new_call(), "A", cfg)  # the session is open
+    seen, done = _checkouts(store), []
+    lock = store._session.lock = _WatchedLock()
+
+    def busy_session(work) -> None:
+        refused = lock.refused
+        with lock:  # as another thread's transaction on the session would
+            worker = threading.Thread(target=lambda: done.append(work()), daemon=True)
+            worker.start()
+            deadline = time.monotonic() + 20
+            while lock.refused == refused and time.monotonic() < deadline:
+                time.sleep(0.005)
+        worker.join(20)
+
+    busy_session(lambda: store.begin(call, "A", cfg))
+    assert isinstance(done[-1], Claimed), done
+    assert seen[0] >= 1
+    assert advisory_locks_on(store, call.call_id) == 1
+    assert store.renew(done[-1].lease) is True
+    before = seen[0]
+    busy_session(lambda: store.finish(done[-1].lease, Outcome.success(1), cfg))
+    assert isinstance(done[-1], Accepted), done
+    assert seen[0] > before
+    assert advisory_locks_on(store, call.call_id) == 0
+
+
+def test_a_begin_that_fails_after_taking_the_lock_gives_it_back_and_keeps_the_session(stores):
+    # The lock is taken in the transaction's first query; a failure after it (here a row whose
+    # spec this release cannot read) rolls back and gives back that lock only: the other leases
+    # on the session live on.
+    store, cfg = stores(), GuardConfig()
+    held = claim(store, new_call(), "A", cfg).lease
+    bad = new_call()
+    store.register(bad)
+    _unreadable_spec(store, bad)
+    with pytest.raises(TypeError):
+        store.begin(bad, "A", cfg)
+    assert advisory_locks_on(store, bad.call_id) == 0
+    assert store.renew(held) is True
+    assert store.lease_backend_pid(claim(store, new_call(), "A", cfg).lease) == store.lease_backend_pid(held)
+    assert isinstance(store.finish(held, Outcome.success(1), cfg), Accepted)
+
+
+def _unreadable_spec(store: PostgresStore, call: CallSpec) -> None:
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("UPDATE aaa_calls SET spec = CAST(:spec AS json) WHERE call_id = :id"),
+                     {"spec": f'{{"call_id": "{call.call_id}", "no_such_field": 1}}', "id": call.call_id})
+
+
+def test_a_finish_that_fails_otherwise_than_unreachable_gives_the_lease_back(stores):
+    # SQLStore.finish's rule: only a store that cannot be reached keeps the lease.
+    store, cfg = stores(), GuardConfig()
+    held = claim(store, new_call(), "A", cfg).lease
+    lease = claim(store, call := new_call(), "A", cfg).lease
+    _unreadable_spec(store, call)
+    with pytest.raises(TypeError):
+        store.finish(lease, Outcome.success(1), cfg)
+    assert advisory_locks_on(store, call.call_id) == 0
+    assert store.renew(held) is True
+
+
+def test_a_finish_that_cannot_lock_the_row_keeps_the_lease_for_its_retry(stores, postgres_url):
+    # SQLStore.finish's rule: a finish the store refused as unavailable keeps the lease, so that
+    # the caller's retry still holds the call. Here the row is locked elsewhere past lock_timeout.
+    store, call, cfg = stores(connect_args={"options": "-c lock_timeout=300"}), new_call(), GuardConfig()
+    lease = claim(store, call, "A", cfg).lease
+    other = sa.create_engine(sa.make_url(postgres_url).set(drivername="postgresql+psycopg"))
+    try:
+        with other.begin() as conn:
+            conn.execute(sa.text("SELECT 1 FROM aaa_calls WHERE call_id = :id FOR UPDATE"), {"id": call.call_id})
+            with pytest.raises(StoreUnavailable):
+                store.finish(lease, Outcome.success(1), cfg)
+            assert advisory_locks_on(store, call.call_id) == 1
+            assert store.renew(lease) is True
+    finally:
+        other.dispose()
+    assert store.finish(lease, Outcome.success(1), cfg) == Accepted(Outcome.success(1, attempt=1))
+    assert advisory_locks_on(store, call.call_id) == 0
+    assert store.renew(lease) is False

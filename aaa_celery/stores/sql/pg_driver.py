@@ -12,7 +12,9 @@ recovery, runs, budgets) keeps SQLAlchemy.
 
 A write transaction (:class:`Transaction`) sends its ``BEGIN`` with the row's ``SELECT ...
 FOR UPDATE``, and its writes with the ``COMMIT``, so an operation on a registered call is
-two round trips on its pooled connection.
+two round trips. On the lease session (:meth:`.postgres._LeaseSession.transaction`) the
+lease's lock rides before the ``BEGIN`` (``first``) and its unlock after the ``COMMIT``
+(:meth:`Transaction.commit`'s ``then``): still two.
 """
 
 from __future__ import annotations
@@ -148,10 +150,16 @@ class Transaction:
     one query carries several statements: psycopg's pipeline mode, the alternative, polls
     the socket once per statement, which cost more CPU than the round trips it saves."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], first: tuple[str, tuple[Any, ...]] | None = None) -> None:
         self.cur: psycopg.ClientCursor[Any] = psycopg.ClientCursor(conn, row_factory=namedtuple_row)
         self._sql: list[str] = ["BEGIN"]
         self._params: list[Any] = []
+        #: The row of ``first``, a statement sent before the ``BEGIN`` (with the first read).
+        self.first: Any = None
+        self._first = first is not None
+        if first is not None:
+            self._sql.insert(0, first[0])
+            self._params.extend(first[1])
 
     def queue(self, statement: str, *params: Any) -> None:
         """Send ``statement`` with the next query."""
@@ -164,13 +172,20 @@ class Transaction:
         self._send()
         return self.cur.fetchone()
 
-    def commit(self) -> None:
+    def commit(self, then: tuple[str, tuple[Any, ...]] | None = None) -> Any:
+        """Send what is queued and the ``COMMIT``, and ``then``, a statement run after it (out
+        of the transaction); return ``then``'s first row (or None)."""
         self.queue("COMMIT")
-        self._send()
+        if then is None:
+            self._send()
+            return None
+        return self.read(then[0], *then[1])
 
     def _send(self) -> None:
         sql, params, self._sql, self._params = self._sql, self._params, [], []
         self.cur.execute("; ".join(sql), params)
+        if self._first:
+            self.first, self._first = self.cur.fetchone(), False
         while self.cur.nextset():  # to the last statement's result
             pass
 

@@ -3,8 +3,12 @@
 A lease is a session-level advisory lock, ``pg_try_advisory_lock(key)`` with
 ``key`` a stable 64-bit hash of the call id, taken on the store's lease session:
 one autocommit connection, kept out of the pool, that holds every lease of the
-process (:class:`_LeaseSession`). The row work of each operation runs on pooled
-connections. The lease therefore has no TTL:
+process (:class:`_LeaseSession`). ``begin`` and ``finish`` run their transaction on
+that session too when no other thread of the process is using it: the lock travels
+in the transaction's first query, the unlock in its ``COMMIT``'s, two round trips
+per operation (:meth:`_LeaseSession.transaction`); the rest of the row work, and
+``begin``/``finish`` of a thread that finds the session busy, run on pooled
+connections. The lease has no TTL:
 
 * a worker that dies, or whose lease session is cut or terminated, loses that
   session and every lease on it, so the locks free at once and the next delivery claims attempt
@@ -157,13 +161,20 @@ def _pooled(pids: Sequence[int]) -> UnsafeDeployment:
     )
 
 
+#: How a transaction on the lease session plans: ``(tx, row, spec, got, lease_token, now)`` to
+#: (the reply, whether the session keeps the lock); the writes are queued on ``tx``.
+Decide = Callable[[Any, Any, CallSpec, bool, str, float], tuple[Any, bool]]
+
+
 class _LeaseSession:
     """The one database session that holds this store's leases: an autocommit connection
     kept out of the pool, on which each lease is a session-level advisory lock.
 
     One session holds every lease the process has, so a claim costs one statement here
-    (no connection opened per call, no transaction around the lock) and N running calls
-    need one server backend, not N. Threads take turns on it (:attr:`lock`). The keys it
+    (no connection opened per call; with :meth:`transaction`, none of its own: it rides in
+    the claim's first query) and N running calls need one server backend, not N. Threads
+    take turns on it (:attr:`lock`); one that finds it busy for a whole transaction uses
+    the pool. The keys it
     holds are kept in :attr:`keys` (key -> lease token): advisory locks are re-entrant
     within a session, so a second delivery of a running call in the same process must
     read as busy here, before the server would grant the lock a second time.
@@ -194,6 +205,10 @@ class _LeaseSession:
             self.conn = conn
         return self.conn
 
+    def _driver(self) -> Any:
+        """The session's psycopg connection (opened if needed)."""
+        return self._open().connection.driver_connection
+
     def _drop(self) -> None:
         """Forget the session (broken, or its server session ended): its locks are gone."""
         conn, self.conn, self.pid = self.conn, None, None
@@ -209,11 +224,8 @@ class _LeaseSession:
         driver (prepared); check the session did not move; return its answer."""
         from .pg_driver import session_run
 
-        answer, pid = session_run(self._open().connection.driver_connection, statement, params)
-        if pid != self.pid:
-            pids = [self.pid or 0, pid]
-            self._drop()
-            raise _pooled(pids)
+        answer, pid = session_run(self._driver(), statement, params)
+        self._check(pid)
         return answer
 
     def try_lock(self, key: int, token: str) -> tuple[bool, str]:
@@ -240,6 +252,107 @@ class _LeaseSession:
             if got:
                 self.keys[key] = lease_token
             return bool(got), lease_token
+
+    def transaction(self, key: int, token: str, call: CallSpec, clock: Callable[[], float], decide: Decide, *,
+                    take: bool) -> Any:
+        """One operation's write transaction on this session, if it is free (else None: the
+        caller takes a pooled connection, so that threads do not queue here).
+
+        ``take`` (``begin``): try the lock of ``key`` in the transaction's first query, as
+        ``SELECT pg_try_advisory_lock(key), pg_backend_pid(); BEGIN; SELECT ... FOR UPDATE``;
+        ``decide(tx, row, spec, got, lease_token, now)`` plans and queues the writes and says
+        whether the lock is kept; the writes go with the ``COMMIT``, and with them the unlock
+        of a lock not kept. Else (``finish``): only if this session holds ``key`` for
+        ``token``; the transaction's ``COMMIT`` query gives the lock back. Two round trips.
+
+        A session that fails is dropped (its locks with it), retried once if it failed at
+        the first query (which writes nothing). Any other failure rolls back and gives back
+        the lock, except a finish's lock when the store is unreachable (``SQLStore.finish``'s
+        rule: the lease lives on while the caller retries)."""
+        if not self.lock.acquire(blocking=False):
+            return None
+        try:
+            if not take and self.keys.get(key) != token:
+                return None
+            return self._transaction(key, token, call, clock, decide, take)
+        finally:
+            self.lock.release()
+
+    def _transaction(self, key: int, token: str, call: CallSpec, clock: Callable[[], float], decide: Decide,
+                     take: bool) -> Any:
+        from .pg_driver import RELEASE_LEASE_LOCK, SESSION_PID, TRY_LEASE_LOCK, Transaction
+
+        now = clock()
+        for retry in (True, False):
+            here = key in self.keys  # a begin of a call this session holds: busy, no lock taken
+            first = None if not take else (SESSION_PID, ()) if here else (TRY_LEASE_LOCK, (key,))
+            try:
+                tx = Transaction(self._driver(), first)
+                row, spec = tx.lock_call(call, now)
+                break
+            except BaseException as e:
+                if self._broken() and retry:
+                    self._drop()  # a failed session held no lock of ours any more: once more on a new one
+                    continue
+                self._failed(e, key, take, took=take and not here)  # the lock may have been granted
+                raise
+        if first is not None:
+            answer, pid = tx.first
+            self._check(pid)
+        got = take and not here and bool(answer)
+        lease_token = f"{self.pid}.{token}" if take else token
+        try:
+            reply, keep = decide(tx, row, spec, got, lease_token, now)
+            # a finish lets go of a lock still held (not if its session ended, and a new one took over)
+            let_go = got and not keep or not take and key in self.keys
+            unlocked = tx.commit((RELEASE_LEASE_LOCK, (key,)) if let_go else None)
+        except BaseException as e:
+            self._failed(e, key, take, took=got)
+            raise
+        if let_go:
+            self._check(unlocked[1])
+            if not take:
+                self.keys.pop(key, None)
+        elif got:
+            self.keys[key] = lease_token
+        return reply
+
+    def _failed(self, error: BaseException, key: int, take: bool, took: bool) -> None:
+        """After a failed transaction: roll back, and give the lock of ``key`` back if a begin
+        ``took`` it, or if a finish failed otherwise than by the store being unreachable."""
+        from .pg_driver import CONNECTION_ERRORS
+
+        release = took if take else not isinstance(error, CONNECTION_ERRORS)
+        self._abort(key if release else None)
+        if release and not take:
+            self.keys.pop(key, None)
+
+    def _broken(self) -> bool:
+        conn = self.conn
+        driver = None if conn is None else conn.connection.driver_connection
+        return driver is None or bool(driver.broken or driver.closed)
+
+    def _check(self, pid: int) -> None:
+        """Refuse a session that moved (a transaction-pooling proxy)."""
+        if pid != self.pid:
+            pids = [self.pid or 0, pid]
+            self._drop()
+            raise _pooled(pids)
+
+    def _abort(self, key: int | None) -> None:
+        """Roll the session's transaction back and give ``key`` back (if not None and held);
+        a session that cannot is dropped, with its locks."""
+        from .pg_driver import RELEASE_LEASE_LOCK
+
+        if self._broken():
+            self._drop()
+            return
+        try:
+            self._driver().execute("ROLLBACK")
+            if key is not None:
+                self._run(RELEASE_LEASE_LOCK, (key,))
+        except BaseException:
+            self._drop()
 
     def unlock(self, key: int, token: str) -> None:
         """Give ``key`` back if this session holds it for ``token``."""
@@ -454,33 +567,72 @@ class PostgresStore(SQLRuns, SQLStore):
             yield tx
 
     def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
-        key = lock_key(call.call_id)
+        """Decide a delivery. On the lease session (if no other thread is using it) the lock
+        and the row travel in one query and the writes, with the unlock of a lock not kept,
+        in the ``COMMIT``'s (:meth:`_LeaseSession.transaction`); else the lock is taken on the
+        session and the row written on a pooled connection."""
+        key, token = lock_key(call.call_id), token or new_token()
+
+        def decide(tx: Any, row: Any, spec: CallSpec, got: bool, lease_token: str, now: float) -> tuple[Any, bool]:
+            begun = self._decide_begin(tx, row, spec, got, worker, config, now, lease_token)
+            return begun, isinstance(begun, Claimed)
+
         with wrap_errors(self.kind, *self._errors):
-            got, lease_token = self._session.try_lock(key, token or new_token())
+            on_session: BeginResult | None = self._session.transaction(key, token, call, self.now, decide, take=True)
+            if on_session is not None:
+                return on_session
+            got, lease_token = self._session.try_lock(key, token)
         claimed = False
         try:
             with self._transaction() as tx:
                 now = self.now()
                 row, spec = tx.lock_call(call, now)
-                result = _outcome(row.outcome)
-                lapsed = lapsed_event(row, result, not got)
-                state = call_state(row, result, not got, tx.event_data(lapsed) if lapsed else None)
-                begun: BeginResult = apply(self._begin_writes(state, spec, worker, config, now, lease_token),
-                                           tx.writer(row.call_id, now))
+                begun = self._decide_begin(tx, row, spec, got, worker, config, now, lease_token)
             claimed = got and isinstance(begun, Claimed)
             return begun
         finally:
             if got and not claimed:
                 self._session.unlock(key, lease_token)
 
+    def _decide_begin(self, tx: Any, row: Any, spec: CallSpec, got: bool, worker: str, config: GuardConfig,
+                      now: float, lease_token: str) -> BeginResult:
+        """Plan a delivery of the locked call (``got``: whether this claim took its lock) and
+        queue the writes on ``tx``."""
+        result = _outcome(row.outcome)
+        lapsed = lapsed_event(row, result, not got)
+        state = call_state(row, result, not got, tx.event_data(lapsed) if lapsed else None)
+        begun: BeginResult = apply(self._begin_writes(state, spec, worker, config, now, lease_token),
+                                   tx.writer(row.call_id, now))
+        return begun
+
+    def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
+        """Record the outcome (:meth:`SQLStore.finish`). When this process's lease session holds
+        the lease and no other thread is using it, the transaction runs there and its
+        ``COMMIT`` query gives the lock back; else on a pooled connection, then the unlock."""
+
+        def decide(tx: Any, row: Any, spec: CallSpec, got: bool, lease_token: str, now: float) -> tuple[Any, bool]:
+            return self._decide_finish(tx, row, spec, lease, outcome, config, now), False
+
+        with wrap_errors(self.kind, *self._errors):
+            finished: FinishResult | None = self._session.transaction(
+                lock_key(lease.call_id), lease.token, CallSpec(lease.call_id), self.now, decide, take=False)
+        if finished is not None:
+            return finished
+        return super().finish(lease, outcome, config)
+
     def _finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
         with self._transaction() as tx:
             now = self.now()
             row, spec = tx.lock_call(CallSpec(lease.call_id), now)
-            # under the row lock, as SQLStore._finish: the decision still holds when written
-            state = call_state(row, _outcome(row.outcome), False, None)
-            finished: FinishResult = apply(plan_finish(state, spec, lease, outcome, config),
-                                           tx.writer(lease.call_id, now))
+            return self._decide_finish(tx, row, spec, lease, outcome, config, now)
+
+    @staticmethod
+    def _decide_finish(tx: Any, row: Any, spec: CallSpec, lease: Lease, outcome: Outcome, config: GuardConfig,
+                       now: float) -> FinishResult:
+        # under the row lock, as SQLStore._finish: the decision still holds when written
+        state = call_state(row, _outcome(row.outcome), False, None)
+        finished: FinishResult = apply(plan_finish(state, spec, lease, outcome, config),
+                                       tx.writer(lease.call_id, now))
         return finished
 
     def _let_go(self, lease: Lease) -> None:
