@@ -212,11 +212,24 @@ def lapsed(expires_at: float | None, now: float) -> bool:
     - the holder counts its lease lapsed ``ttl_s`` after the last renewal the store proved,
       on its monotonic clock (``guard/watchdog.py``);
     - a lease bound to a session (PostgreSQL) has no expiry: it lapses only with its
-      session, which the store sees in ``pg_locks``, never by this rule.
+      session, which the store asks of the session's lock, never by this rule. Its row
+      keeps a hint, :func:`sweep_hint`, that the holder's renewals move on: the recovery
+      sweep asks the lock only of calls whose hint has lapsed by this rule (the same SQL
+      image), so a live holder's call is not read at all, and a frozen holder past its
+      hint is still live (its lock says so).
 
     ``tests/lifecycle/test_lapsed.py`` runs one table of cases against every form.
     """
     return expires_at is None or now >= expires_at
+
+
+def sweep_hint(lease: Lease, now: float) -> float:
+    """What a store writes as the expiry of ``lease`` claimed or renewed at ``now``: its expiry
+    (a TTL lease), or, for a lease bound to a session (no expiry), ``now + ttl_s``: only a hint
+    of when the recovery sweep should first ask whether its session still holds it. A holder
+    that renews moves it on; one whose session died leaves it, and the sweep finds the call
+    once the hint has :func:`lapsed`, within one ``ttl_s``."""
+    return lease.expires_at if lease.expires_at is not None else now + lease.ttl_s
 
 
 def lease_left(expires_at: float | None, now: float) -> float:
@@ -678,9 +691,10 @@ def awaits_recovery(attempts: int, handed_on: int, seen_at: float, now: float, g
     on), or nobody claimed the call within ``grace_s`` of when it was seen (registered, or
     handed on). SQL evaluates it in ``select_unfinished``'s ``WHERE``; Redis keeps it as its
     two indexes: ``running`` (claimed, scored by lease expiry; a hand-on leaves it) and
-    ``unclaimed`` (scored by when the call was seen)."""
+    ``unclaimed`` (scored by when the call was seen). Both read the second half as a range,
+    ``seen_at <= now - grace_s``, as it is written here."""
     lost = attempts > 0 and handed_on != attempts
-    return lost or seen_at + grace_s <= now
+    return lost or seen_at <= now - grace_s
 
 
 def recovery_hold(tries: int, hold_s: float, max_hold_s: float | None) -> float:

@@ -5,10 +5,13 @@ For each (store, N leased, L lapsed), the store alone and one client process:
 
 1. ``begin`` N calls and keep their leases (live for the whole run);
 2. ``begin`` L more and lose their leases (Redis: a 1 s lease TTL, then wait; PostgreSQL:
-   a second store's lease session, closed);
+   a second store's lease session, closed, and a wait past the 1 s sweep hint it left);
 3. run :class:`aaa_celery.worker.recovery.Recovery` sweeps, as a worker's sweeper does,
    with a Celery app on kombu's in-memory broker (the republishes go nowhere): the first
-   sweep claims and republishes the L, the next ones find them held and republish none.
+   sweep claims and republishes the L, the next ones find them held and republish none;
+4. run the sweep's two listings alone (``expired()`` for the lapsed, then with a 60 s grace;
+   row ``expired() x2``, whose "republished" column is the calls listed, and which adds the
+   sweeping process's CPU), without the per-lapsed claims that dominate a whole sweep.
 
 Reported per sweep: wall time, the store server's CPU, and what it read: Redis commands
 and bytes sent to the client (``INFO commandstats``, ``INFO stats``); PostgreSQL
@@ -102,6 +105,20 @@ def sweep_rows(kind: str, open_store: Any, counts: Any, reset: Any, lose: Any, n
         sweeps.append({"sweep": k + 1, "republished": len(sent), "wall_ms": wall * 1e3,
                        "server_cpu_ms": got.pop("cpu_s") * 1e3, **got})
         print(f"  {kind} {n:,} leased, {lapsed:,} lapsed, sweep {k + 1}: {sweeps[-1]}", flush=True)
+    # the sweep's two listings alone (what grows with the leased, if anything does), without the
+    # claim of each lapsed call that follows them in a sweep
+    sweeper = open_store()
+    before = counts.read()
+    t0, c0 = time.perf_counter(), time.process_time()
+    listed = len(sweeper.expired(unclaimed_grace_s=1e12)) + len(sweeper.expired(unclaimed_grace_s=60.0))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    sweeper.close()
+    time.sleep(0.3)
+    after = counts.read()
+    got = {key: after[key] - before[key] for key in after}
+    sweeps.append({"sweep": "expired() x2", "republished": listed, "wall_ms": wall * 1e3,
+                   "client_cpu_ms": cpu * 1e3, "server_cpu_ms": got.pop("cpu_s") * 1e3, **got})
+    print(f"  {kind} {n:,} leased, {lapsed:,} lapsed, listings alone: {sweeps[-1]}", flush=True)
     store.close()
     return {"store": kind, "leased": n, "lapsed": lapsed, "sweeps": sweeps}
 
@@ -130,6 +147,7 @@ def run_redis(sizes: list[int], lapsed: int) -> list[dict[str, Any]]:
 def run_postgres(sizes: list[int], lapsed: int) -> list[dict[str, Any]]:
     from aaa_celery.stores.sql.postgres import PostgresStore
 
+    short = GuardConfig(lease_ttl_s=1)
     server = BigPostgres.start()
     try:
         counts = PostgresCounts(server)
@@ -137,8 +155,9 @@ def run_postgres(sizes: list[int], lapsed: int) -> list[dict[str, Any]]:
         def lose(specs: list[Any]) -> None:
             store = PostgresStore(server.url)
             for s in specs:
-                store.begin(s, "bench/lost", SCALE_CONFIG)
+                store.begin(s, "bench/lost", short)
             store.close()  # its lease session ends: every lease on it lapses
+            time.sleep(1.2)  # ... and the sweep hint it left (lifecycle.sweep_hint) with them
 
         def analyze() -> None:
             # as autovacuum would: reset() analyzed the tables empty, and with those statistics
@@ -164,6 +183,8 @@ def report(rows: list[dict[str, Any]]) -> str:
         for s in r["sweeps"]:
             read = (f"{s['commands']:,} commands, {s['bytes_out'] / 1024:,.0f} KiB sent" if r["store"] == "redis"
                     else f"{s['transactions']:,} transactions, {s['calls_rows_examined']:,} aaa_calls rows examined")
+            if "client_cpu_ms" in s:
+                read += f"; sweeping process CPU {s['client_cpu_ms']:,.0f} ms"
             lines.append([r["store"], r["leased"], r["lapsed"], s["sweep"], s["republished"], s["wall_ms"],
                           s["server_cpu_ms"], read])
     return table(["store", "leased (live)", "lapsed", "sweep", "republished", "wall ms", "store server CPU ms",

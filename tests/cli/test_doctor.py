@@ -321,8 +321,8 @@ def test_a_store_of_an_older_schema_fails_naming_aaa_migrate(healthy, tmp_path):
     point_at(healthy, url)
     code, statuses, output = doctor()
     assert code == 1 and statuses["store schema"] == "fail", output
-    assert "0.1.0 (unversioned), this release needs 0001" in output and "aaa migrate" in output
+    assert f"0.1.0 (unversioned), this release needs {versions.head()}" in output and "aaa migrate" in output
     assert cli("migrate").exit_code == 0
     point_at(healthy, url)
     code, statuses, output = doctor()
-    assert statuses["store schema"] == "pass" and "0001" in output, output
+    assert statuses["store schema"] == "pass" and versions.head() in output, output

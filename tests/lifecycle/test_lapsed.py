@@ -3,7 +3,8 @@
 One table of cases (a lease's expiry against the clock) runs against the lifecycle function,
 the memory and SQLite stores on an injected clock, the SQL clauses on SQLite and PostgreSQL,
 and the Redis lease key and recovery index on a real server, so the forms cannot drift.
-A PostgreSQL lease is bound to a session and has no expiry: it lapses with its session, and
+A PostgreSQL lease is bound to a session and has no expiry: it lapses with its session (its
+row's sweep hint is judged by the rule, only to pick the locks a sweep asks), and
 a table of how a lease ends runs against that store's three forms of the question.
 """
 
@@ -15,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from aaa_celery.config import GuardConfig
-from aaa_celery.lifecycle import CallSpec, Claimed, lapsed, lease_left
+from aaa_celery.lifecycle import CallSpec, Claimed, Lease, lapsed, lease_left, sweep_hint
 from aaa_celery.stores import open_store
 from aaa_celery.stores.memory import MemoryStore
 from aaa_celery.stores.redis.client import lua
@@ -33,6 +34,16 @@ def test_the_rule():
         assert lapsed(100.0, 100.0 + after) is want, after
         assert lease_left(100.0, 100.0 + after) == pytest.approx(0.0 if want else -after)
     assert lapsed(None, 0.0) and lease_left(None, 0.0) == 0.0  # no expiry recorded: no TTL lease
+
+
+def test_the_sweep_hint():
+    """A TTL lease's row keeps its expiry; a session lease's (no expiry) the hint ``now + ttl_s``,
+    judged by the same rule (and SQL image, ``lapsed_at``) to pick the locks a sweep asks."""
+    assert sweep_hint(Lease("c", 1, "w", "t", TTL, 123.0), 100.0) == 123.0
+    hint = sweep_hint(Lease("c", 1, "w", "t", TTL), 100.0)
+    assert hint == 100.0 + TTL
+    for after, want in CASES:
+        assert lapsed(hint, hint + after) is want, after
 
 
 @pytest.mark.parametrize("url", ["memory://", "sqlite"])
@@ -112,7 +123,7 @@ SESSION_CASES = [("held", False), ("released", True), ("session terminated", Tru
 @pytest.mark.parametrize("how, want", SESSION_CASES)
 def test_the_postgresql_session_forms(postgres_url: str, how: str, want: bool) -> None:
     """Its three forms: the lock scan of ``_live`` (another store's ``calls()``), the holding
-    store's own check (``OWN_LEASE_HELD``) and another store's look-up by the holder's pid
+    store's own check (``RENEW_OWN_LEASE``) and another store's look-up by the holder's pid
     (``LEASE_STILL_HELD``), each read through ``renew``."""
     from ..stores.conftest import lose_lease
 

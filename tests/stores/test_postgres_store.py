@@ -172,13 +172,18 @@ def test_kill_9_holder_process_frees_the_lease_at_once(stores, postgres_url):
 
 
 def test_recovery_lists_a_call_once_its_holder_session_dies(stores):
+    """Within one lease TTL of the death: the sweep asks the lock of a call only once the
+    sweep hint its holder's renewals kept moving has lapsed (``lifecycle.sweep_hint``)."""
     a, b = stores(), stores()
-    call = new_call()
-    lease = claim(a, call, "A", GuardConfig()).lease
+    call, cfg = new_call(), GuardConfig()
+    lease = claim(a, call, "A", cfg).lease
+    past_hint = b.now() + cfg.lease_ttl_s + 1.0
     assert b.expired(unclaimed_grace_s=0) == []
+    assert b.expired(now=past_hint, unclaimed_grace_s=0) == []  # the lock is held: live
     terminate_backend(a, a.lease_backend_pid(lease))
-    assert [c.call_id for c in b.expired(unclaimed_grace_s=0)] == [call.call_id]
-    assert b.expired()[0].request == {"task": "tools.charge"}
+    assert b.expired(unclaimed_grace_s=0) == []  # its hint has not lapsed yet
+    assert [c.call_id for c in b.expired(now=past_hint, unclaimed_grace_s=0)] == [call.call_id]
+    assert b.expired(now=past_hint)[0].request == {"task": "tools.charge"}
 
 
 def test_finish_and_release_give_the_advisory_lock_back(stores):

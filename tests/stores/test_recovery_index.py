@@ -14,12 +14,21 @@ from aaa_celery.lifecycle import FAILED, Finished, Outcome
 from .test_conformance import SHORT_TTL_S, claim, config, new_call, trail
 
 
+def wait_out_sweep_hint(store, cfg) -> None:
+    """On a session store (PostgreSQL) a lost lease's row keeps the sweep hint its holder last
+    wrote (``lifecycle.sweep_hint``), and the sweep asks the lock only once it has lapsed:
+    wait one lease TTL (a TTL store's ``lose_lease`` waited already)."""
+    if not store.ttl_leases:
+        time.sleep(cfg.lease_ttl_s + 0.05)
+
+
 def test_expired_lists_exactly_the_lapsed_and_the_long_unclaimed_calls(store_factory, lose_lease):
     # Given one call of each kind
     a, b, c = store_factory(), store_factory(), store_factory()
     lapsed, released, live, done, registered = (new_call() for _ in range(5))
     short = config(lease_ttl_s=SHORT_TTL_S)
     lose_lease(a, claim(a, lapsed, "worker-a", short).lease)  # lost first: see lose_lease
+    wait_out_sweep_hint(a, short)
     b.release(claim(b, released, "worker-b", config()).lease)
     claim(c, live, "worker-c", config())
     c.finish(claim(c, done, "worker-c", config()).lease, Outcome.success(1), config())
@@ -74,6 +83,7 @@ def test_a_claim_ends_the_recovery_hold_so_a_second_crash_is_recovered_at_once(s
 
     # When that attempt is lost too
     lose_lease(store, lease)
+    wait_out_sweep_hint(store, cfg)
 
     # Then the next sweep may republish it at once, not after the hold
     assert call.call_id in {c.call_id for c in store_factory().expired()}

@@ -184,6 +184,9 @@ def test_migrate_brings_a_pre_0_1_0_database_to_the_0_1_0_schema(request, backen
         found = sa.inspect(store.engine)  # type: ignore[attr-defined]
         assert {"handed_on", "handed"} <= {c["name"] for c in found.get_columns("aaa_calls")}
         assert found.has_table("aaa_checkpoints")
+        # and to this release's: the recovery sweep's indexes (0002)
+        assert {"ix_aaa_calls_lease_expires_at", "ix_aaa_calls_unclaimed"} <= {
+            i["name"] for i in found.get_indexes("aaa_calls")}
         # the old row works: claimed, handed on, claimed again, checkpointed
         from aaa_celery.lifecycle import CallSpec
 

@@ -79,10 +79,10 @@ def test_redis_sweep_reads_the_same_with_ten_times_the_live_leases(own_redis_url
     assert bytes_many <= bytes_few + 200, (bytes_few, bytes_many)
 
 
-def postgres_rows_examined(url: str) -> tuple[set[str], int]:
-    """The lapsed calls a fresh store's ``expired()`` lists, and the ``aaa_calls`` rows the
-    server examined for it (sequential and index tuples; the store is closed first, which
-    flushes its sessions' counters)."""
+def postgres_rows_examined(url: str, grace_s: float = NEVER) -> tuple[set[str], int]:
+    """The lapsed calls a fresh store's ``expired()`` lists (with ``grace_s``), and the
+    ``aaa_calls`` rows the server examined for it (sequential and index tuples; the store is
+    closed first, which flushes its sessions' counters)."""
     import psycopg
 
     from aaa_celery.stores.sql.postgres import PostgresStore
@@ -94,43 +94,47 @@ def postgres_rows_examined(url: str) -> tuple[set[str], int]:
                               " FROM pg_stat_user_tables WHERE relname = 'aaa_calls'").fetchone()
         return int(row[0])
 
-    sweeper = PostgresStore(url)
+    # At a test's few hundred rows a sequential scan is the planner's cheapest plan whatever the
+    # query; with it off, the rows counted are those the query's own ranges reach, as the
+    # planner takes them on a table of many leases (benchmarks/sweep.py, from 1k leased).
+    sweeper = PostgresStore(url, connect_args={"options": "-c enable_seqscan=off"})
     before = examined()
     try:
-        found = {c.call_id for c in sweeper.expired(unclaimed_grace_s=NEVER)}
+        found = {c.call_id for c in sweeper.expired(unclaimed_grace_s=grace_s)}
     finally:
         sweeper.close()
     time.sleep(0.5)  # the closed sessions' counters reach the statistics
     return found, examined() - before
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "PostgreSQL leases are advisory locks without an expiry, so expired() reads every unfinished "
-    "claimed call and all of pg_locks, then keeps the rows whose lock no session holds: its reads "
-    "grow with every leased call (issue 23 item 4; benchmarks/RESULTS.md, the sweep section)"))
 def test_postgres_sweep_reads_the_same_with_ten_times_the_live_leases(postgres_url):
     from aaa_celery.stores.sql.postgres import PostgresStore
 
-    # Given LAPSED calls whose lease session ended, and FEW live leases
+    # Given LAPSED calls whose lease session ended more than their lease TTL ago, and FEW live leases
     lost = PostgresStore(postgres_url)
-    lapsed = {claim(lost, new_call(), "worker-dead", config()).lease.call_id for _ in range(LAPSED)}
+    lapsed = {claim(lost, new_call(), "worker-dead", config(lease_ttl_s=SHORT_TTL_S)).lease.call_id
+              for _ in range(LAPSED)}
     lost.close()
     live = PostgresStore(postgres_url)
     try:
         for _ in range(FEW):
             claim(live, new_call(), "worker-live", config())
+        time.sleep(SHORT_TTL_S * 2)
         found_few, rows_few = postgres_rows_examined(postgres_url)
 
         # When ten times as many leases are live
         for _ in range(MANY - FEW):
             claim(live, new_call(), "worker-live", config())
         found_many, rows_many = postgres_rows_examined(postgres_url)
+        # ... and a real sweep's grace, which lists the calls nobody claimed for a while
+        found_grace, rows_grace = postgres_rows_examined(postgres_url, grace_s=0.0)
     finally:
         live.close()
 
     # Then the sweep lists the same lapsed calls, and examines no more rows
-    assert found_few == found_many == lapsed
+    assert found_few == found_many == found_grace == lapsed
     assert rows_many <= rows_few + 2 * LAPSED, (rows_few, rows_many)
+    assert rows_grace <= rows_few + 2 * LAPSED, (rows_few, rows_grace)
 
 
 def rows_fetched(store, fn):
@@ -176,3 +180,82 @@ def test_postgres_claim_recovery_reads_no_more_with_ten_times_the_live_leases(po
     finally:
         sweeper.close()
         live.close()
+
+
+def hint_of(url: str, call_id: str) -> float | None:
+    """The sweep hint (``lease_expires_at``) of a call's row."""
+    import psycopg
+
+    from tests.servers import libpq_url
+
+    with psycopg.connect(libpq_url(url), autocommit=True) as con:
+        row = con.execute("SELECT lease_expires_at FROM aaa_calls WHERE call_id = %s", (call_id,)).fetchone()
+    return None if row is None else row[0]
+
+
+def test_postgres_sweep_asks_the_lock_of_every_call_whose_hint_lapsed(postgres_url):
+    """The hint only says when to look: a holder past its hint that still holds the lock (frozen,
+    or a 0.1.0 worker, whose rows have no hint) is live; a dead session's call is listed once
+    its hint lapsed, and a row without a hint (0.1.0's) at once; a renewal moves the hint on."""
+    import psycopg
+
+    from aaa_celery.stores.sql.postgres import PostgresStore
+    from tests.servers import libpq_url
+
+    holder, lost, sweeper = PostgresStore(postgres_url), PostgresStore(postgres_url), PostgresStore(postgres_url)
+    try:
+        short = config(lease_ttl_s=SHORT_TTL_S)
+        frozen = claim(holder, new_call(), "worker-frozen", short).lease  # never renewed
+        renewed = claim(holder, new_call(), "worker-live", short).lease
+        old_live = claim(holder, new_call(), "worker-0.1.0", config()).lease
+        dead = claim(lost, new_call(), "worker-dead", config()).lease  # hint a lease TTL ahead
+        old_dead = claim(lost, new_call(), "worker-0.1.0-dead", config()).lease
+        with psycopg.connect(libpq_url(postgres_url), autocommit=True) as con:  # as 0.1.0 claims: no hint
+            con.execute("UPDATE aaa_calls SET lease_expires_at = NULL WHERE call_id = ANY(%s)",
+                        ([old_live.call_id, old_dead.call_id],))
+        lost.close()
+        time.sleep(SHORT_TTL_S * 2)
+        before = hint_of(postgres_url, renewed.call_id)
+        assert holder.renew(renewed)
+        assert before is not None and hint_of(postgres_url, renewed.call_id) > before + SHORT_TTL_S
+
+        listed = {c.call_id for c in sweeper.expired(unclaimed_grace_s=NEVER)}
+        assert listed == {old_dead.call_id}, listed  # the dead session's hint is a lease TTL ahead
+
+        # the dead session's call is listed once its hint lapsed
+        later = sweeper.now() + config().lease_ttl_s + 1.0
+        listed = {c.call_id for c in sweeper.expired(now=later, unclaimed_grace_s=NEVER)}
+        assert listed == {old_dead.call_id, dead.call_id}, listed
+        assert frozen.call_id not in listed and old_live.call_id not in listed
+    finally:
+        for store in (sweeper, holder, lost):
+            store.close()
+
+
+def test_postgres_renewal_never_waits_on_a_locked_row_and_leaves_the_session_durable(postgres_url):
+    """The renewal runs on the lease session, which holds every lease of the process: a row
+    another transaction has locked keeps its hint this time, and the answer comes at once; the
+    hint's commit does not wait for the WAL flush, and the session's own setting stays on."""
+    import psycopg
+
+    from aaa_celery.stores.sql.postgres import PostgresStore
+    from tests.servers import libpq_url
+
+    holder = PostgresStore(postgres_url)
+    try:
+        lease = claim(holder, new_call(), "worker-live", config()).lease
+        first = hint_of(postgres_url, lease.call_id)
+        with psycopg.connect(libpq_url(postgres_url)) as other:  # a transaction holding the row
+            other.execute("SELECT 1 FROM aaa_calls WHERE call_id = %s FOR UPDATE", (lease.call_id,))
+            t0 = time.monotonic()
+            assert holder.renew(lease)
+            assert time.monotonic() - t0 < 5.0  # not blocked until the other transaction ends
+            assert hint_of(postgres_url, lease.call_id) == first
+        session = holder._session.conn  # type: ignore[attr-defined]
+        session.exec_driver_sql("SET synchronous_commit = on")  # the tests' server runs with it off
+        time.sleep(0.01)
+        assert holder.renew(lease)
+        assert hint_of(postgres_url, lease.call_id) > first
+        assert session.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "on"
+    finally:
+        holder.close()

@@ -88,6 +88,11 @@ def test_a_store_0_1_0_wrote_is_migrated_and_every_call_served(old_release, requ
 
         with open_store(url) as store:
             assert check_version(store, auto_migrate=False).current is not None
+            if backend != "redis":  # the recovery sweep's indexes (0002), beside 0.1.0's live lease
+                import sqlalchemy as sa
+
+                found = {i["name"] for i in sa.inspect(store.engine).get_indexes("aaa_calls")}  # type: ignore[attr-defined]
+                assert {"ix_aaa_calls_lease_expires_at", "ix_aaa_calls_unclaimed"} <= found
             alo = GuardRunner(store, GuardConfig(delivery=Delivery.AT_LEAST_ONCE, max_attempts=3, lease_ttl_s=5.0))
             amo = GuardRunner(store, GuardConfig(delivery=Delivery.AT_MOST_ONCE, lease_ttl_s=5.0))
 

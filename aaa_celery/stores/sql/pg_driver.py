@@ -30,7 +30,7 @@ from psycopg.rows import namedtuple_row
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import Pool, PoolProxiedConnection
 
-from ...lifecycle import CallSpec, Draft, Lease, Outcome, merge_spec
+from ...lifecycle import CallSpec, Draft, Lease, Outcome, merge_spec, sweep_hint
 from .._writes import CallWriter
 
 #: psycopg's errors that mean the server or the connection failed (the store is unavailable).
@@ -55,7 +55,7 @@ SELECT_CALL_AND_RESULT_FOR_UPDATE = (
 #: :func:`.queries.update_call_spec`: (spec JSON, call_id).
 UPDATE_CALL_SPEC = "UPDATE aaa_calls SET spec = %s::json WHERE call_id = %s"
 
-#: :func:`.queries.claim_attempt`: (attempt, token, worker, attempt, expires_at, call_id).
+#: :func:`.queries.claim_attempt`: (attempt, token, worker, attempt, expiry or sweep hint, call_id).
 CLAIM_ATTEMPT = ("UPDATE aaa_calls SET attempts = %s, lease_token = %s, lease_worker = %s, lease_attempt = %s,"
                  " lease_expires_at = %s, recovery_until = 0.0 WHERE call_id = %s")
 
@@ -94,9 +94,20 @@ SELECT_EVENT_DATA = "SELECT data FROM aaa_events WHERE event_id = %s"
 TRY_LEASE_LOCK = "SELECT pg_try_advisory_lock(%s::bigint), pg_backend_pid()"
 #: Give a lease back: (key).
 RELEASE_LEASE_LOCK = "SELECT pg_advisory_unlock(%s::bigint), pg_backend_pid()"
-#: Does the call's row still name the token as its lease: (call_id, token).
-OWN_LEASE_HELD = ("SELECT EXISTS (SELECT 1 FROM aaa_calls WHERE call_id = %s AND lease_token = %s),"
-                  " pg_backend_pid()")
+#: A renewal by the holder: does the call's row still name the token as its lease (call_id,
+#: token), and move its sweep hint on to (hint, call_id, token) in the same statement. It never
+#: waits: a row another transaction has locked keeps its hint this time (``SKIP LOCKED``), as
+#: the lease session must not stall behind a row lock (every lease of the process is on it).
+#: Committed without waiting for the WAL flush (``synchronous_commit`` off for this statement's
+#: transaction alone): the hint only says when the sweep should ask the lock, and a hint a
+#: crash loses is an older one, which makes the sweep ask sooner, never decide otherwise (the
+#: crash ended every session's locks too).
+RENEW_OWN_LEASE = (
+    "WITH async AS (SELECT set_config('synchronous_commit', 'off', true)),"
+    " renewed AS (UPDATE aaa_calls SET lease_expires_at = %s WHERE EXISTS (SELECT 1 FROM async) AND call_id IN"
+    " (SELECT call_id FROM aaa_calls WHERE call_id = %s AND lease_token = %s FOR UPDATE SKIP LOCKED)"
+    " RETURNING 1)"
+    " SELECT EXISTS (SELECT 1 FROM aaa_calls WHERE call_id = %s AND lease_token = %s), pg_backend_pid()")
 #: This session's backend pid: ().
 SESSION_PID = "SELECT true, pg_backend_pid()"
 
@@ -118,8 +129,8 @@ class _Writer(CallWriter):
         self.tx, self.call_id, self.now = tx, call_id, now
 
     def claim(self, lease: Lease) -> None:
-        self.tx.queue(CLAIM_ATTEMPT, lease.attempt, lease.token, lease.worker, lease.attempt, lease.expires_at,
-                      self.call_id)
+        hint = sweep_hint(lease, self.now)
+        self.tx.queue(CLAIM_ATTEMPT, lease.attempt, lease.token, lease.worker, lease.attempt, hint, self.call_id)
 
     def record(self, outcome: Outcome) -> None:
         self.tx.queue(INSERT_RESULT, self.call_id, dumps(asdict(outcome)), self.now)

@@ -17,6 +17,14 @@ connections. The lease has no TTL:
   over, so there is no duplicate, and no progress until it resumes or its
   connection dies.
 
+The recovery sweep does not ask every lease's lock: a claim writes a hint in the row's
+``lease_expires_at`` (``lifecycle.sweep_hint``: ``now + lease_ttl_s``) and each ``renew``
+moves it on, so the sweep reads only the calls whose hint has lapsed, and asks their locks
+(the lock decides: a frozen holder past its hint is still live). A dead session's calls are
+therefore listed by the sweep up to one lease TTL after it died (its next delivery still
+finds the lock free at once). A row a 0.1.0 worker leased has no hint, and is read and asked
+at every sweep.
+
 To evict frozen or unreachable workers, bound how long a dead connection can
 look alive:
 
@@ -61,7 +69,8 @@ from sqlalchemy.engine import Connection, Row
 
 from ...config import GuardConfig
 from ...errors import ConfigError, StoreUnavailable, UnsafeDeployment
-from ...lifecycle import BeginResult, CallSpec, Claimed, FinishResult, Lease, Outcome, Writes, plan_finish
+from ...lifecycle import (BeginResult, CallSpec, Claimed, FinishResult, Lease, Outcome, Writes, plan_finish,
+                          sweep_hint)
 from .._writes import apply
 from ..base import new_token, wrap_errors
 from .runs import SQLRuns
@@ -103,6 +112,10 @@ LEASE_STILL_HELD = sa.text(
 #: is held until the transaction ends, so no ``begin`` can claim the call before it commits.
 #: One lock looked at, where ``pg_locks`` copies the server's whole lock table.
 LEASE_FREE = sa.text("SELECT pg_try_advisory_xact_lock_shared(:key)")
+
+#: The keys among ``keys`` that a session holds (:data:`LEASE_FREE` of each, in one statement).
+LEASE_HELD_AMONG = sa.text(
+    "SELECT k FROM unnest(CAST(:keys AS bigint[])) AS k WHERE NOT pg_try_advisory_xact_lock_shared(k)")
 
 #: Every advisory lock held in this database, as the two halves of its key.
 HELD_ADVISORY_LOCKS = sa.text(
@@ -367,16 +380,17 @@ class _LeaseSession:
             except self.errors:
                 self._drop()  # its session is gone, and the lock with it
 
-    def holds(self, key: int, call_id: str, token: str) -> bool:
+    def holds(self, key: int, call_id: str, token: str, hint: float) -> bool:
         """Whether this session still holds ``key`` for ``token``, and the call's row still
-        names ``token``: the session answers (with its pid, :data:`.pg_driver.OWN_LEASE_HELD`)."""
-        from .pg_driver import OWN_LEASE_HELD
+        names ``token``: the session answers (with its pid, :data:`.pg_driver.RENEW_OWN_LEASE`),
+        and moves the row's sweep hint on to ``hint`` if it does."""
+        from .pg_driver import RENEW_OWN_LEASE
 
         with self.lock:
             if self.keys.get(key) != token:
                 return False
             try:
-                return bool(self._run(OWN_LEASE_HELD, (call_id, token)))
+                return bool(self._run(RENEW_OWN_LEASE, (hint, call_id, token, call_id, token)))
             except self.errors:
                 self._drop()
                 return False
@@ -508,6 +522,16 @@ class PostgresStore(SQLRuns, SQLStore):
     def _live(self, rows: Sequence[Row[Any]], now: float, conn: Connection) -> set[str]:
         held = {(r.hi, r.lo) for r in conn.execute(HELD_ADVISORY_LOCKS)}
         return {r.call_id for r in rows if key_halves(lock_key(r.call_id)) in held}
+
+    def _live_swept(self, rows: Sequence[Row[Any]], now: float, conn: Connection) -> set[str]:
+        """The swept rows whose lock a session holds, each lock asked by its key
+        (:data:`LEASE_HELD_AMONG`), never ``pg_locks``' copy of every lock: the sweep read only
+        the rows whose sweep hint lapsed, so this costs as many probes as those rows. Each
+        probe's shared lock lasts until the sweep's read ends: a ``begin`` of a listed call
+        meanwhile finds it busy and is delivered again (as :meth:`_holder_live`'s)."""
+        keys = {lock_key(r.call_id): r.call_id for r in rows}
+        held = conn.execute(LEASE_HELD_AMONG, {"keys": list(keys)}).scalars()
+        return {keys[k] for k in held}
 
     def _holder_live(self, conn: Connection, row: Row[Any], now: float) -> bool:
         """One lease, probed by its key (:data:`LEASE_FREE`): what a recovery claim asks of each
@@ -644,11 +668,12 @@ class PostgresStore(SQLRuns, SQLStore):
         return int(pid) if pid.isdigit() else None
 
     def renew(self, lease: Lease) -> bool:
-        """Check that the lease's session is alive and still holds the lock (no TTL to extend)."""
+        """Check that the lease's session is alive and still holds the lock (no TTL to extend),
+        and move the row's sweep hint on (``lifecycle.sweep_hint``) in the same statement."""
         key = lock_key(lease.call_id)
         if self._session.keys.get(key) == lease.token:
             with wrap_errors(self.kind, *self._errors):
-                return self._session.holds(key, lease.call_id, lease.token)
+                return self._session.holds(key, lease.call_id, lease.token, sweep_hint(lease, self.now()))
         pid = self.lease_backend_pid(lease)
         if pid is None:
             return False

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ...lifecycle import RESOLVED, CallSpec, Event, Lease, Outcome
-from .schema import budget_tokens, budgets, calls, checkpoints, events, recoveries, results
+from ...lifecycle import RESOLVED, CallSpec, Event, Lease, Outcome, sweep_hint
+from .schema import UNCLAIMED, budget_tokens, budgets, calls, checkpoints, events, recoveries, results
 
 if TYPE_CHECKING:
     from sqlalchemy.dialects.postgresql import Insert as PostgresInsert
@@ -73,9 +73,10 @@ def update_call_spec(spec: CallSpec) -> sa.Update:
     return calls.update().where(calls.c.call_id == spec.call_id).values(spec=asdict(spec))
 
 
-def claim_attempt(call_id: str, lease: Lease) -> sa.Update:
-    """Count a new attempt, give its lease to the claiming worker, and end any recovery
-    hold: the republished call was claimed, so a later crash may be recovered at once."""
+def claim_attempt(call_id: str, lease: Lease, now: float) -> sa.Update:
+    """Count a new attempt, give its lease to the claiming worker (its expiry, or a session
+    lease's :func:`~aaa_celery.lifecycle.sweep_hint`), and end any recovery hold: the
+    republished call was claimed, so a later crash may be recovered at once."""
     return (
         calls.update()
         .where(calls.c.call_id == call_id)
@@ -84,7 +85,7 @@ def claim_attempt(call_id: str, lease: Lease) -> sa.Update:
             lease_token=lease.token,
             lease_worker=lease.worker,
             lease_attempt=lease.attempt,
-            lease_expires_at=lease.expires_at,
+            lease_expires_at=sweep_hint(lease, now),
             recovery_until=0.0,
         )
     )
@@ -154,17 +155,23 @@ def select_events(call_id: str) -> sa.Select[Any]:
 
 
 def select_unfinished(now: float, unclaimed_grace_s: float) -> sa.Select[Any]:
-    """Calls without a result that ``lifecycle.awaits_recovery`` names: claimed (and not
-    handed on by their last attempt), or registered (or handed on) longer than the grace
-    ago; the store then drops those whose lease is still live."""
+    """Calls without a result that ``lifecycle.awaits_recovery`` names and whose lease may
+    have lapsed: claimed (and not handed on by their last attempt) with an expiry that
+    :func:`lapsed_at` (a TTL lease's, or a session lease's hint: the store then asks the
+    lock), or not claimed since they were registered (or handed on) longer than the grace
+    ago. Both halves are ranges of an index (:data:`.schema.calls_by_expiry`,
+    :data:`.schema.unclaimed_by_time`), so the rows read grow with the calls listed, not
+    with every live lease or every call ever registered (beside the rows without an
+    expiry: see ``docs/stores.md``)."""
+    claimed = sa.and_(calls.c.attempts > 0, calls.c.handed_on != calls.c.attempts)
     return (
         sa.select(calls)
         .outerjoin(results, results.c.call_id == calls.c.call_id)
         .where(
             results.c.call_id.is_(None),
             sa.or_(
-                sa.and_(calls.c.attempts > 0, calls.c.handed_on != calls.c.attempts),
-                calls.c.registered_at + unclaimed_grace_s <= now,
+                sa.and_(claimed, lapsed_at(calls.c.lease_expires_at, now)),
+                sa.and_(UNCLAIMED, calls.c.registered_at <= now - unclaimed_grace_s),
             ),
         )
         .order_by(calls.c.registered_at, calls.c.call_id)

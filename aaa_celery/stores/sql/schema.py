@@ -106,6 +106,17 @@ checkpoints = sa.Table(
 #: The time index of calls (``aaa calls``, ``aaa purge``); created with the tables.
 calls_by_time = sa.Index("ix_aaa_calls_registered_at", calls.c.registered_at)
 
+#: A call nobody claimed since it was registered or handed on (``lifecycle.awaits_recovery``'s
+#: second half), as ``queries.select_unfinished`` and the index below both write it.
+UNCLAIMED = sa.or_(calls.c.attempts == 0, calls.c.handed_on == calls.c.attempts)
+
+#: The recovery sweep's two ranges (``queries.select_unfinished``; revision ``0002``): leases
+#: by expiry (a TTL lease's, or a session lease's sweep hint), and the unclaimed calls by
+#: when they were seen (not every finished call, as ``calls_by_time`` is).
+calls_by_expiry = sa.Index("ix_aaa_calls_lease_expires_at", calls.c.lease_expires_at)
+unclaimed_by_time = sa.Index("ix_aaa_calls_unclaimed", calls.c.registered_at,
+                             postgresql_where=UNCLAIMED, sqlite_where=UNCLAIMED)
+
 
 runs = sa.Table(
     "aaa_runs",

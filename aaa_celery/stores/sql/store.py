@@ -134,7 +134,7 @@ class _Writer(CallWriter):
     now: float
 
     def claim(self, lease: Lease) -> None:
-        self.conn.execute(claim_attempt(self.call_id, lease))
+        self.conn.execute(claim_attempt(self.call_id, lease, self.now))
 
     def record(self, outcome: Outcome) -> None:
         self.conn.execute(insert_result(self.call_id, outcome, self.now))
@@ -187,6 +187,11 @@ class SQLStore(Store):
     @abc.abstractmethod
     def _live(self, rows: Sequence[Row[Any]], now: float, conn: Connection) -> set[str]:
         """The call ids among ``rows`` whose lease is live."""
+
+    def _live_swept(self, rows: Sequence[Row[Any]], now: float, conn: Connection) -> set[str]:
+        """:meth:`_live` of the rows a recovery sweep read (a backend may ask their leases
+        alone, instead of :meth:`_live`'s view of every lease)."""
+        return self._live(rows, now, conn)
 
     def _holder_live(self, conn: Connection, row: Row[Any], now: float) -> bool:
         """Whether the lease of one locked call row is live (a backend may look at that one
@@ -273,8 +278,9 @@ class SQLStore(Store):
         """What a delivery of the call in ``state`` writes (:func:`~aaa_celery.lifecycle.plan_begin`)."""
         if state.holder_live and not self.ttl_leases:
             # A session-bound lease held by another session is that session's, even if it is
-            # this claim's own (a lost reply whose session lives on): wait for it to end.
-            state = replace(state, token="")
+            # this claim's own (a lost reply whose session lives on): wait for it to end. Its
+            # row's expiry is only the sweep's hint (lifecycle.sweep_hint): no expiry to wait for.
+            state = replace(state, token="", expires_at=None)
         return plan_begin(state, spec, worker, config, token, now if self.ttl_leases else None)
 
     # The Store interface.
@@ -368,7 +374,7 @@ class SQLStore(Store):
         now = self.now() if now is None else now
         with self._read() as conn:
             rows = conn.execute(select_unfinished(now, unclaimed_grace_s)).all()
-            live = self._live(rows, now, conn) if rows else set()
+            live = self._live_swept(rows, now, conn) if rows else set()
         return [CallSpec(**r.spec) for r in rows if r.call_id not in live]
 
     def claim_recovery(self, call_id: str, worker: str, hold_s: float, max_hold_s: float | None = None) -> int:
