@@ -338,7 +338,8 @@ def test_register_begin_and_finish_each_take_one_transaction_and_few_round_trips
     # Reproduces the cost issue 23 measured: register 2 statements in a transaction, begin 6 in
     # two transactions, finish 8 in two, each transaction a BEGIN and a COMMIT round trip more;
     # then (4dfc08d) 4 round trips each for begin and finish, BEGIN a round trip of its own;
-    # then 3 each, the lock (begin) and the unlock (finish) a round trip of their own.
+    # then 3 each, the lock (begin) and the unlock (finish) a round trip of their own; then
+    # 2 each, a round trip to read the row before the writes were planned.
     store, call, cfg = stores(), new_call(), GuardConfig()
     # not counted: the database's clock, read once in a while, opening the lease session,
     # and preparing each statement on its connection (once)
@@ -351,15 +352,15 @@ def test_register_begin_and_finish_each_take_one_transaction_and_few_round_trips
     store.register(call)
     assert wire.take() == (1, 0, 1)  # one autocommitted insert
     lease = claim(store, call, "A", cfg).lease
-    # one transaction on the lease session: the lock, BEGIN and the row with its result, then
-    # the claim and the event with the COMMIT
-    assert wire.take() == (4, 1, 2)
+    # one query on the lease session: the lock, BEGIN, the row's lock, the check of the state
+    # the claim was planned for, the claim and the event (made if it passed), COMMIT
+    assert wire.take() == (5, 1, 1)
     assert store.renew(lease) is True
     assert wire.take() == (1, 0, 1)
     assert isinstance(store.finish(lease, Outcome.success(1), cfg), Accepted)
-    # one transaction on the lease session: the row with its result; the result, the lease
-    # cleared, the event, the COMMIT and the unlock
-    assert wire.take() == (5, 1, 2)
+    # one query on the lease session: BEGIN, the row's lock, the check, the result, the lease
+    # cleared, the event, COMMIT, the unlock
+    assert wire.take() == (6, 1, 1)
     assert advisory_locks_on(store, call.call_id) == 0
 
 
@@ -555,3 +556,126 @@ def test_a_finish_that_cannot_lock_the_row_keeps_the_lease_for_its_retry(stores,
     assert store.finish(lease, Outcome.success(1), cfg) == Accepted(Outcome.success(1, attempt=1))
     assert advisory_locks_on(store, call.call_id) == 0
     assert store.renew(lease) is False
+
+
+# -- One round trip on the happy path; any other state planned again (issue 23 item 1) ----
+
+
+def _warm(store: PostgresStore, cfg: GuardConfig) -> None:
+    """Open the lease session and prepare its statements (not counted)."""
+    for _ in range(2):
+        store.register(warm := new_call())
+        warm_lease = claim(store, warm, "A", cfg).lease
+        store.renew(warm_lease)
+        store.finish(warm_lease, Outcome.success(0), cfg)
+
+
+def test_a_begin_of_a_call_never_registered_writes_nothing_planned_for_a_registered_one(stores, tmp_path):
+    store, cfg = stores(), GuardConfig()
+    _warm(store, cfg)
+    wire, call = _Wire(store, tmp_path), new_call()
+    got = claim(store, call, "A", cfg)
+    assert got.attempt == 1
+    # the one query (its check fails: no row), then the transaction that registers the call
+    # (the lock kept from the one query: not taken twice)
+    statements, transactions, trips = wire.take()
+    assert (transactions, trips) == (2, 4), (statements, transactions, trips)
+    assert advisory_locks_on(store, call.call_id) == 1
+    # one unlock frees it: a lock taken twice (re-entrant) would still be held
+    assert store.finish(got.lease, Outcome.success(1), cfg) == Accepted(Outcome.success(1, attempt=1))
+    assert advisory_locks_on(store, call.call_id) == 0
+    assert [e.type for e in store.events(call.call_id)] == [STARTED, "aaa.tool.completed"]
+
+
+def test_a_redelivery_is_planned_again_from_its_row(stores, tmp_path):
+    # The one query is planned for a first delivery; a call claimed before (its holder's
+    # session gone) fails the check, writes nothing, and is decided from its row.
+    a, b, cfg = stores(), stores(), GuardConfig(delivery=Delivery.AT_LEAST_ONCE)
+    call = new_call()
+    a.register(call)
+    first = claim(a, call, "A", cfg).lease
+    terminate_backend(a, a.lease_backend_pid(first))
+    _warm(b, cfg)
+    wire = _Wire(b, tmp_path)
+    second = claim(b, call, "B", cfg)
+    assert second.attempt == 2
+    assert wire.take()[2] >= 3  # the one query, then the transaction
+    assert [(e.type, e.attempt) for e in b.events(call.call_id)] == [(STARTED, 1), (STARTED, 2)]
+    assert isinstance(a.finish(first, Outcome.success("late"), cfg), Stale)
+    assert b.finish(second.lease, Outcome.success(2), cfg) == Accepted(Outcome.success(2, attempt=2))
+    assert b.result(call.call_id) == Outcome.success(2, attempt=2)
+    assert advisory_locks_on(b, call.call_id) == 0
+
+
+def test_a_delivery_with_another_spec_than_registered_keeps_what_merge_spec_keeps(stores):
+    store, cfg = stores(), GuardConfig()
+    registered = new_call()
+    store.register(registered)
+    sent = CallSpec(registered.call_id, name="charge", idempotency_key=registered.idempotency_key,
+                    request={"task": "tools.charge", "args": [1]})
+    got = claim(store, sent, "A", cfg)
+    assert got.attempt == 1
+    from aaa_celery.lifecycle import merge_spec
+
+    with store.engine.connect() as conn:
+        stored = conn.execute(sa.text("SELECT spec FROM aaa_calls WHERE call_id = :id"),
+                              {"id": registered.call_id}).scalar_one()
+    assert CallSpec(**stored) == merge_spec(registered, sent)
+    assert isinstance(store.finish(got.lease, Outcome.success(1), cfg), Accepted)
+
+
+def test_a_finish_of_a_superseded_attempt_is_planned_again_and_gives_its_lock_back(stores, tmp_path):
+    store, cfg = stores(), GuardConfig(delivery=Delivery.AT_LEAST_ONCE)
+    _warm(store, cfg)
+    call = new_call()
+    store.register(call)
+    lease = claim(store, call, "A", cfg).lease
+    with store.engine.begin() as conn:  # as a recovery's claim by another worker would leave it
+        conn.execute(sa.text("UPDATE aaa_calls SET attempts = 2 WHERE call_id = :id"), {"id": call.call_id})
+    wire = _Wire(store, tmp_path)
+    assert isinstance(store.finish(lease, Outcome.success("old"), cfg), Stale)
+    assert wire.take()[1:] == (2, 3)  # the one query (check failed), then the transaction
+    assert advisory_locks_on(store, call.call_id) == 0
+    assert store.result(call.call_id) is None
+    assert [e.type for e in store.events(call.call_id)] == [STARTED, STALE_RESULT]
+
+
+def _stored_spec(store: PostgresStore, call_id: str) -> CallSpec:
+    with store.engine.connect() as conn:
+        return CallSpec(**conn.execute(sa.text("SELECT spec FROM aaa_calls WHERE call_id = :id"),
+                                       {"id": call_id}).scalar_one())
+
+
+def test_a_worker_s_delivery_of_a_call_registered_as_sent_takes_one_round_trip(stores, tmp_path):
+    # The app registers the message as sent; the worker's begin has the request it rebuilt
+    # (merge_spec keeps the stored one): the plan's writes are the same, so one query.
+    store, cfg = stores(), GuardConfig()
+    _warm(store, cfg)
+    call_id = f"call-{uuid.uuid4().hex[:12]}"
+    sent = CallSpec(call_id, "charge", "key-1", {"task": "tools.charge", "message": {"body": "..."}})
+    store.register(sent)
+    wire = _Wire(store, tmp_path)
+    got = claim(store, CallSpec(call_id, "charge", "key-1", {"task": "tools.charge", "args": [1]}), "A", cfg)
+    assert wire.take()[1:] == (1, 1)
+    assert _stored_spec(store, call_id) == sent
+    [started] = store.events(call_id)
+    assert (started.type, started.data["name"], started.data["idempotency_key"]) == (STARTED, "charge", "key-1")
+    wire.take()  # (the reads above)
+    assert isinstance(store.finish(got.lease, Outcome.success(1), cfg), Accepted)
+    assert wire.take()[1:] == (1, 1)
+
+
+def test_a_delivery_that_says_better_how_to_send_the_call_is_planned_again_and_kept(stores):
+    store, cfg = stores(), GuardConfig()
+    call_id = f"call-{uuid.uuid4().hex[:12]}"
+    store.register(CallSpec(call_id, "charge", "key-1"))  # no request: recovery could not send it
+    rebuilt = CallSpec(call_id, "charge", "key-1", {"task": "tools.charge", "args": [1]})
+    got = claim(store, rebuilt, "A", cfg)
+    assert _stored_spec(store, call_id) == rebuilt
+    other = CallSpec(call_id, "refund", "key-2", {"task": "tools.refund"})  # a name the stored spec lacks
+    store.register(c2 := CallSpec(f"call-{uuid.uuid4().hex[:12]}", "charge", "key-3", {"task": "t"}))
+    second = claim(store, CallSpec(c2.call_id, other.name, other.idempotency_key, other.request), "A", cfg)
+    assert _stored_spec(store, c2.call_id) == c2  # kept (rank 1, not better), and planned with it:
+    assert store.events(c2.call_id)[0].data["name"] == "charge"
+    for lease in (got.lease, second.lease):
+        assert isinstance(store.finish(lease, Outcome.success(1), cfg), Accepted)

@@ -14,7 +14,9 @@ A write transaction (:class:`Transaction`) sends its ``BEGIN`` with the row's ``
 FOR UPDATE``, and its writes with the ``COMMIT``, so an operation on a registered call is
 two round trips. On the lease session (:meth:`.postgres._LeaseSession.transaction`) the
 lease's lock rides before the ``BEGIN`` (``first``) and its unlock after the ``COMMIT``
-(:meth:`Transaction.commit`'s ``then``): still two.
+(:meth:`Transaction.commit`'s ``then``): still two. Before it, ``begin`` and ``finish``
+try one (:func:`run_all`): the writes of a plan made for the state the call is expected
+in, each guarded by a check of that state under the row's lock (:class:`Checked`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from psycopg.rows import namedtuple_row
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import Pool, PoolProxiedConnection
 
-from ...lifecycle import CallSpec, Draft, Lease, Outcome, merge_spec, sweep_hint
+from ...lifecycle import CallSpec, Draft, Lease, Outcome, Writes, merge_spec, sweep_hint
 from .._writes import CallWriter
 
 #: psycopg's errors that mean the server or the connection failed (the store is unavailable).
@@ -122,6 +124,11 @@ def session_run(conn: Any, statement: str, params: tuple[Any, ...]) -> tuple[Any
     return row[0], row[1]
 
 
+def claim_params(lease: Lease, now: float, call_id: str) -> tuple[Any, ...]:
+    """:data:`CLAIM_ATTEMPT`'s parameters (the lease's sweep hint as its expiry)."""
+    return lease.attempt, lease.token, lease.worker, lease.attempt, sweep_hint(lease, now), call_id
+
+
 class _Writer(CallWriter):
     """The writes of one locked call, queued in its transaction (sent with the ``COMMIT``)."""
 
@@ -129,8 +136,7 @@ class _Writer(CallWriter):
         self.tx, self.call_id, self.now = tx, call_id, now
 
     def claim(self, lease: Lease) -> None:
-        hint = sweep_hint(lease, self.now)
-        self.tx.queue(CLAIM_ATTEMPT, lease.attempt, lease.token, lease.worker, lease.attempt, hint, self.call_id)
+        self.tx.queue(CLAIM_ATTEMPT, *claim_params(lease, self.now, self.call_id))
 
     def record(self, outcome: Outcome) -> None:
         self.tx.queue(INSERT_RESULT, self.call_id, dumps(asdict(outcome)), self.now)
@@ -264,3 +270,109 @@ def drop(pool: Pool, proxy: PoolProxiedConnection, error: BaseException) -> None
     else:
         proxy.invalidate(error)
     proxy.close()
+
+
+# -- One round trip: the plan for the state a call is expected in, applied only in it ------
+#
+# The check runs under the row's lock (taken by the statement before it, so it reads the
+# row as it is): it sets the session's setting ``aaa_celery.ok`` to whether the call is in
+# the state the plan was made for, and each write of the plan runs only if it is true. The
+# reply says which; a call in another state wrote nothing, and is planned again from its
+# row, in a transaction of its own (:meth:`.postgres._LeaseSession.transaction`).
+
+#: Whether the check passed, in the statements after it.
+_OK = "current_setting('aaa_celery.ok', true) = 'true'"
+
+#: Take a lease and keep whether it was granted for the check: (key).
+LOCK_FOR_CHECK = ("SELECT set_config('aaa_celery.got', pg_try_advisory_lock(%s::bigint)::text, false),"
+                  " pg_backend_pid()")
+
+#: Lock the call's row: (call_id).
+LOCK_ROW = "SELECT 1 FROM aaa_calls WHERE call_id = %s FOR UPDATE"
+
+_NO_RESULT = "NOT EXISTS (SELECT 1 FROM aaa_results r WHERE r.call_id = c.call_id)"
+
+_FRESH = ("SELECT set_config('aaa_celery.ok', (current_setting('aaa_celery.got') = 'true' AND EXISTS ("
+          "SELECT 1 FROM aaa_calls c WHERE c.call_id = %s AND c.attempts = 0 AND c.lease_token IS NULL"
+          f" AND c.handed_on = 0 AND c.handed = 0 AND {_NO_RESULT} AND ")
+
+#: ``begin``'s check: the lease was granted, and the call is registered, never claimed nor
+#: handed on, without a result, and keeps a spec with which the plan's writes are the same:
+#: for a message as sent (``lifecycle.spec_rank`` 2, which ``merge_spec`` always keeps) this
+#: very spec, as JSON text: (call_id, spec JSON).
+CHECK_FRESH_AS_SENT = _FRESH + "c.spec::text = %s))::text, false)"
+
+#: The same, for a spec ``merge_spec`` replaces only with a better one: a stored spec with the
+#: same name and key that it keeps (its rank no lower: a non-empty request, unless the
+#: delivered spec has none): (call_id, name, key, whether the delivered spec has no request).
+CHECK_FRESH_KEPT = _FRESH + (
+    "c.spec->>'name' = %s AND c.spec->>'idempotency_key' = %s AND (%s OR CASE"
+    " WHEN json_typeof(c.spec->'request') = 'object' THEN EXISTS (SELECT 1 FROM json_object_keys(c.spec->'request'))"
+    " ELSE false END)))::text, false)")
+
+#: ``finish``'s check: the call's last attempt is this one, its spec has this name, and it has
+#: no result: (call_id, attempt, name).
+CHECK_LAST = ("SELECT set_config('aaa_celery.ok', EXISTS ("
+              "SELECT 1 FROM aaa_calls c WHERE c.call_id = %s AND c.attempts = %s AND c.spec->>'name' = %s"
+              f" AND {_NO_RESULT})::text, false)")
+
+#: Give the lease back after the ``COMMIT`` if the check passed: (key).
+UNLOCK_IF_OK = f"SELECT CASE WHEN {_OK} THEN pg_advisory_unlock(%s::bigint) ELSE false END, pg_backend_pid()"
+
+_CHECKED_CLAIM = f"{CLAIM_ATTEMPT} AND {_OK}"
+_CHECKED_RESULT = ("INSERT INTO aaa_results (call_id, outcome, recorded_at)"
+                   f" SELECT %s::varchar, %s::json, %s::double precision WHERE {_OK}")
+_CHECKED_CLEAR_LEASE = f"{CLEAR_LEASE} AND {_OK}"
+_CHECKED_EVENT = ("INSERT INTO aaa_events (event_id, call_id, type, attempt, data, at)"
+                  " SELECT %s::varchar, %s::varchar, %s::varchar, %s::integer, %s::json, %s::double precision"
+                  f" WHERE {_OK} ON CONFLICT (event_id) DO NOTHING")
+
+
+class Checked(CallWriter):
+    """The writes of a plan made for an expected state, each made only if the check passed
+    (``claim``, ``record`` and ``append``: a plan with other writes is not sent this way)."""
+
+    def __init__(self, call_id: str, now: float) -> None:
+        self.call_id, self.now = call_id, now
+        self.statements: list[tuple[str, tuple[Any, ...]]] = []
+
+    @staticmethod
+    def takes(writes: Writes) -> bool:
+        """Whether ``writes`` are all writes this writer makes."""
+        return (writes.let_go, writes.hand_on, writes.checkpoint, writes.settle) == (None, None, None, None)
+
+    def claim(self, lease: Lease) -> None:
+        self.statements.append((_CHECKED_CLAIM, claim_params(lease, self.now, self.call_id)))
+
+    def record(self, outcome: Outcome) -> None:
+        self.statements.append((_CHECKED_RESULT, (self.call_id, dumps(asdict(outcome)), self.now)))
+        self.statements.append((_CHECKED_CLEAR_LEASE, (self.call_id,)))
+
+    def append(self, event: Draft) -> None:
+        e = event.stamp(self.now)
+        self.statements.append((_CHECKED_EVENT, (e.id, e.call_id, e.type, e.attempt, dumps(e.data), e.at)))
+
+    def let_go(self, token: str) -> None:
+        raise AssertionError("not a checked write")
+
+    def settle(self, outcome: Outcome) -> None:
+        raise AssertionError("not a checked write")
+
+    def hand_on(self, lease: Lease) -> None:
+        raise AssertionError("not a checked write")
+
+    def checkpoint(self, checkpoint: str) -> None:
+        raise AssertionError("not a checked write")
+
+
+def run_all(conn: psycopg.Connection[Any], statements: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
+    """Send ``statements`` as one query (values bound on the client, as :class:`Transaction`);
+    return the first row (or None) of each that returns rows, in order."""
+    cur = psycopg.ClientCursor(conn)
+    cur.execute("; ".join(s for s, _ in statements), [p for _, params in statements for p in params])
+    rows = []
+    while True:
+        if cur.description is not None:
+            rows.append(cur.fetchone())
+        if not cur.nextset():
+            return rows

@@ -3,12 +3,17 @@
 A lease is a session-level advisory lock, ``pg_try_advisory_lock(key)`` with
 ``key`` a stable 64-bit hash of the call id, taken on the store's lease session:
 one autocommit connection, kept out of the pool, that holds every lease of the
-process (:class:`_LeaseSession`). ``begin`` and ``finish`` run their transaction on
-that session too when no other thread of the process is using it: the lock travels
-in the transaction's first query, the unlock in its ``COMMIT``'s, two round trips
-per operation (:meth:`_LeaseSession.transaction`); the rest of the row work, and
-``begin``/``finish`` of a thread that finds the session busy, run on pooled
-connections. The lease has no TTL:
+process (:class:`_LeaseSession`). ``begin`` and ``finish`` run on that session too
+when no other thread of the process is using it (:meth:`_LeaseSession.transaction`),
+in one round trip when the call is in the state they expect (as the Redis scripts
+do): Python plans with :mod:`~aaa_celery.lifecycle` for a registered call's first
+delivery (``begin``) or for this attempt being the last without a result
+(``finish``), and sends the lock, ``BEGIN``, the row's lock, a check of that state,
+the plan's writes (each made only if the check passed), ``COMMIT`` and the unlock as
+one query. A call in any other state wrote nothing and is decided from its row in a
+transaction of two more round trips, the lock taken by the first query kept. The rest
+of the row work, and ``begin``/``finish`` of a thread that finds the session busy,
+run on pooled connections. The lease has no TTL:
 
 * a worker that dies, or whose lease session is cut or terminated, loses that
   session and every lease on it, so the locks free at once and the next delivery claims attempt
@@ -56,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections import OrderedDict
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -69,8 +75,8 @@ from sqlalchemy.engine import Connection, Row
 
 from ...config import GuardConfig
 from ...errors import ConfigError, StoreUnavailable, UnsafeDeployment
-from ...lifecycle import (BeginResult, CallSpec, Claimed, FinishResult, Lease, Outcome, Writes, plan_finish,
-                          sweep_hint)
+from ...lifecycle import (Accepted, BeginResult, CallSpec, CallState, Claimed, FinishResult, Lease, Outcome, Writes,
+                          plan_finish, spec_rank, sweep_hint)
 from .._writes import apply
 from ..base import new_token, wrap_errors
 from .runs import SQLRuns
@@ -178,6 +184,11 @@ def _pooled(pids: Sequence[int]) -> UnsafeDeployment:
 #: (the reply, whether the session keeps the lock); the writes are queued on ``tx``.
 Decide = Callable[[Any, Any, CallSpec, bool, str, float], tuple[Any, bool]]
 
+#: How an operation plans for the state it expects the call in: ``(lease_token, now)`` to (the
+#: reply, the check of that state and the writes, as :class:`.pg_driver.Checked` makes them),
+#: or None if it has no such plan.
+Plan = Callable[[str, float], tuple[Any, list[tuple[str, tuple[Any, ...]]]] | None]
+
 
 class _LeaseSession:
     """The one database session that holds this store's leases: an autocommit connection
@@ -267,7 +278,7 @@ class _LeaseSession:
             return bool(got), lease_token
 
     def transaction(self, key: int, token: str, call: CallSpec, clock: Callable[[], float], decide: Decide, *,
-                    take: bool) -> Any:
+                    take: bool, fast: Plan | None = None) -> Any:
         """One operation's write transaction on this session, if it is free (else None: the
         caller takes a pooled connection, so that threads do not queue here).
 
@@ -281,24 +292,79 @@ class _LeaseSession:
         A session that fails is dropped (its locks with it), retried once if it failed at
         the first query (which writes nothing). Any other failure rolls back and gives back
         the lock, except a finish's lock when the store is unreachable (``SQLStore.finish``'s
-        rule: the lease lives on while the caller retries)."""
+        rule: the lease lives on while the caller retries).
+
+        ``fast`` first tries the operation in one round trip (:meth:`_fast`): only if that
+        finds the call in another state than ``fast`` planned for does the transaction
+        above run (the lock a begin took there kept)."""
         if not self.lock.acquire(blocking=False):
             return None
         try:
             if not take and self.keys.get(key) != token:
                 return None
-            return self._transaction(key, token, call, clock, decide, take)
+            now, got = clock(), None
+            if fast is not None and not (take and key in self.keys):
+                tried = self._fast(key, token, call.call_id, now, take, fast)
+                if tried is not None:
+                    ok, reply, got = tried
+                    if ok:
+                        return reply
+            return self._transaction(key, token, call, now, decide, take, got if take else None)
         finally:
             self.lock.release()
 
-    def _transaction(self, key: int, token: str, call: CallSpec, clock: Callable[[], float], decide: Decide,
-                     take: bool) -> Any:
+    def _fast(self, key: int, token: str, call_id: str, now: float, take: bool,
+              fast: Plan) -> tuple[bool, Any, bool] | None:
+        """The operation in one query: (a begin's lock,) ``BEGIN``, the row's lock, the check
+        of the state ``fast`` planned for, the plan's writes made only if it passed, ``COMMIT``
+        (, a finish's unlock if it passed). (Whether the check passed, the plan's reply, whether
+        a begin's lock was granted), or None if ``fast`` has no plan to send this way or the
+        session failed (dropped, with its locks: the transaction runs on a new one; a claim
+        that landed is claimed again by its token)."""
+        from .pg_driver import LOCK_FOR_CHECK, LOCK_ROW, UNLOCK_IF_OK, run_all
+
+        try:
+            driver = self._driver()
+        except BaseException:
+            self._drop()
+            return None
+        lease_token = f"{self.pid}.{token}" if take else token
+        planned = fast(lease_token, now)
+        if planned is None:
+            return None
+        reply, checked = planned
+        statements = [*([(LOCK_FOR_CHECK, (key,))] if take else []), ("BEGIN", ()), (LOCK_ROW, (call_id,)),
+                      *checked, ("COMMIT", ()), *([] if take else [(UNLOCK_IF_OK, (key,))])]
+        try:
+            rows = run_all(driver, statements)
+        except BaseException as e:
+            if self._broken():
+                self._drop()
+                return None
+            self._failed(e, key, take, took=take)
+            raise
+        if take:
+            (granted, pid), _, (ok,) = rows
+        else:
+            _, (ok,), (_, pid) = rows
+            granted = None
+        self._check(pid)
+        passed = ok == "true"
+        if passed and take:
+            self.keys[key] = lease_token
+        elif passed:
+            self.keys.pop(key, None)
+        return passed, reply, granted == "true"
+
+    def _transaction(self, key: int, token: str, call: CallSpec, now: float, decide: Decide, take: bool,
+                     got: bool | None) -> Any:
+        """:meth:`transaction`'s two round trips; ``got``: whether a begin holds the lock
+        already (None: take it in the first query)."""
         from .pg_driver import RELEASE_LEASE_LOCK, SESSION_PID, TRY_LEASE_LOCK, Transaction
 
-        now = clock()
         for retry in (True, False):
             here = key in self.keys  # a begin of a call this session holds: busy, no lock taken
-            first = None if not take else (SESSION_PID, ()) if here else (TRY_LEASE_LOCK, (key,))
+            first = None if not take or got is not None else (SESSION_PID, ()) if here else (TRY_LEASE_LOCK, (key,))
             try:
                 tx = Transaction(self._driver(), first)
                 row, spec = tx.lock_call(call, now)
@@ -306,13 +372,16 @@ class _LeaseSession:
             except BaseException as e:
                 if self._broken() and retry:
                     self._drop()  # a failed session held no lock of ours any more: once more on a new one
+                    got = None
                     continue
-                self._failed(e, key, take, took=take and not here)  # the lock may have been granted
+                # the lock may have been granted (or was, before this transaction)
+                self._failed(e, key, take, took=take and not here if got is None else got)
                 raise
         if first is not None:
             answer, pid = tx.first
             self._check(pid)
-        got = take and not here and bool(answer)
+        if got is None:
+            got = take and not here and bool(answer)
         lease_token = f"{self.pid}.{token}" if take else token
         try:
             reply, keep = decide(tx, row, spec, got, lease_token, now)
@@ -469,6 +538,9 @@ class PostgresStore(SQLRuns, SQLStore):
             args["options"] = f"{args.get('options', '')} -c idle_session_timeout={timeout_ms}".strip()
         options = {"pool_size": 5, "max_overflow": -1, **(engine_options or {})}
         self._clock_base: tuple[float, float] | None = None
+        #: The names of the calls this process claimed (:meth:`_remember`).
+        self._names: OrderedDict[str, str] = OrderedDict()
+        self._names_lock = threading.Lock()
         super().__init__(sa.create_engine(_engine_url(url), connect_args=args, **options), clock or self._db_clock)
         ping_if_idle(self.engine, self.PING_IDLE_S)
         from .pg_driver import CONNECTION_ERRORS
@@ -595,14 +667,30 @@ class PostgresStore(SQLRuns, SQLStore):
         and the row travel in one query and the writes, with the unlock of a lock not kept,
         in the ``COMMIT``'s (:meth:`_LeaseSession.transaction`); else the lock is taken on the
         session and the row written on a pooled connection."""
+        from .pg_driver import CHECK_FRESH_AS_SENT, CHECK_FRESH_KEPT, dumps
+
         key, token = lock_key(call.call_id), token or new_token()
 
         def decide(tx: Any, row: Any, spec: CallSpec, got: bool, lease_token: str, now: float) -> tuple[Any, bool]:
             begun = self._decide_begin(tx, row, spec, got, worker, config, now, lease_token)
             return begun, isinstance(begun, Claimed)
 
+        def fast(lease_token: str, now: float) -> tuple[Any, list[tuple[str, tuple[Any, ...]]]] | None:
+            # planned for a registered call's first delivery: never claimed, no result, this spec
+            writes = self._begin_writes(CallState(), call, worker, config, now, lease_token)
+            if not isinstance(writes.reply, Claimed):
+                return None
+            self._remember(call)
+            rank = spec_rank(call)
+            if rank == 2:
+                return self._checked(writes, call.call_id, now, CHECK_FRESH_AS_SENT,
+                                     (call.call_id, dumps(call.__dict__)))
+            return self._checked(writes, call.call_id, now, CHECK_FRESH_KEPT,
+                                 (call.call_id, call.name, call.idempotency_key, rank == 0))
+
         with wrap_errors(self.kind, *self._errors):
-            on_session: BeginResult | None = self._session.transaction(key, token, call, self.now, decide, take=True)
+            on_session: BeginResult | None = self._session.transaction(key, token, call, self.now, decide, take=True,
+                                                                       fast=fast)
             if on_session is not None:
                 return on_session
             got, lease_token = self._session.try_lock(key, token)
@@ -627,7 +715,37 @@ class PostgresStore(SQLRuns, SQLStore):
         state = call_state(row, result, not got, tx.event_data(lapsed) if lapsed else None)
         begun: BeginResult = apply(self._begin_writes(state, spec, worker, config, now, lease_token),
                                    tx.writer(row.call_id, now))
+        if isinstance(begun, Claimed):
+            self._remember(spec)
         return begun
+
+    @staticmethod
+    def _checked(writes: Writes, call_id: str, now: float, check: str,
+                 params: tuple[Any, ...]) -> tuple[Any, list[tuple[str, tuple[Any, ...]]]] | None:
+        """``writes`` as :meth:`_LeaseSession.transaction`'s one query makes them, after
+        ``check`` (with ``params``), or None for writes it does not make."""
+        from .pg_driver import Checked
+
+        if not Checked.takes(writes):
+            return None
+        checked = Checked(call_id, now)
+        reply = apply(writes, checked)
+        return reply, [(check, params), *checked.statements]
+
+    #: How many calls' names :meth:`_remember` keeps (one per running call, in a worker).
+    KNOWN_NAMES = 4096
+
+    def _remember(self, spec: CallSpec) -> None:
+        """Keep the name of a call this process claimed: its ``finish`` plans with it."""
+        with self._names_lock:
+            self._names[spec.call_id] = spec.name
+            self._names.move_to_end(spec.call_id)
+            while len(self._names) > self.KNOWN_NAMES:
+                self._names.popitem(last=False)
+
+    def _recall(self, call_id: str) -> str | None:
+        with self._names_lock:
+            return self._names.pop(call_id, None)
 
     def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
         """Record the outcome (:meth:`SQLStore.finish`). When this process's lease session holds
@@ -637,9 +755,23 @@ class PostgresStore(SQLRuns, SQLStore):
         def decide(tx: Any, row: Any, spec: CallSpec, got: bool, lease_token: str, now: float) -> tuple[Any, bool]:
             return self._decide_finish(tx, row, spec, lease, outcome, config, now), False
 
+        from .pg_driver import CHECK_LAST
+
+        name = self._recall(lease.call_id)
+
+        def fast(lease_token: str, now: float) -> tuple[Any, list[tuple[str, tuple[Any, ...]]]] | None:
+            # planned for this attempt being the call's last, without a result
+            if name is None:
+                return None
+            writes = plan_finish(CallState(lease.attempt), CallSpec(lease.call_id, name), lease, outcome, config)
+            if not isinstance(writes.reply, Accepted):
+                return None
+            return self._checked(writes, lease.call_id, now, CHECK_LAST, (lease.call_id, lease.attempt, name))
+
         with wrap_errors(self.kind, *self._errors):
             finished: FinishResult | None = self._session.transaction(
-                lock_key(lease.call_id), lease.token, CallSpec(lease.call_id), self.now, decide, take=False)
+                lock_key(lease.call_id), lease.token, CallSpec(lease.call_id), self.now, decide, take=False,
+                fast=fast)
         if finished is not None:
             return finished
         return super().finish(lease, outcome, config)
