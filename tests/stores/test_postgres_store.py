@@ -679,3 +679,55 @@ def test_a_delivery_that_says_better_how_to_send_the_call_is_planned_again_and_k
     assert store.events(c2.call_id)[0].data["name"] == "charge"
     for lease in (got.lease, second.lease):
         assert isinstance(store.finish(lease, Outcome.success(1), cfg), Accepted)
+
+
+def test_threads_sharing_one_store_each_get_their_own_call_and_leave_no_lock(stores):
+    # A threads pool: begin and finish race for the one lease session; those that find it
+    # busy take the pool. Every call is claimed once, finished once, and its lock freed.
+    store, cfg = stores(), GuardConfig()
+    calls = [new_call() for _ in range(60)]
+    for c in calls:
+        store.register(c)
+    results, errors = {}, []
+
+    def work(mine: list[CallSpec]) -> None:
+        try:
+            for c in mine:
+                lease = claim(store, c, "T", cfg).lease
+                assert store.renew(lease) is True
+                results[c.call_id] = store.finish(lease, Outcome.success(c.call_id), cfg)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(calls[i::6],), daemon=True) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    assert all(results[c.call_id] == Accepted(Outcome.success(c.call_id, attempt=1)) for c in calls)
+    assert store._session.keys == {}
+    assert sum(advisory_locks_on(store, c.call_id) for c in calls) == 0
+
+
+def test_two_threads_delivering_one_call_claim_it_once(stores):
+    store, cfg = stores(), GuardConfig(delivery=Delivery.AT_LEAST_ONCE)
+    for _ in range(10):
+        call = new_call()
+        store.register(call)
+        barrier, got = threading.Barrier(2), []
+
+        def deliver(worker: str) -> None:
+            barrier.wait(10)
+            got.append(store.begin(call, worker, cfg))
+
+        threads = [threading.Thread(target=deliver, args=(w,), daemon=True) for w in ("A", "B")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        claimed = [g for g in got if isinstance(g, Claimed)]
+        assert len(claimed) == 1 and len(got) == 2, got
+        assert isinstance([g for g in got if g is not claimed[0]][0], Busy), got
+        assert isinstance(store.finish(claimed[0].lease, Outcome.success(1), cfg), Accepted)
+        assert advisory_locks_on(store, call.call_id) == 0
