@@ -22,6 +22,7 @@ from aaa_celery.errors import OutcomeUnknown
 from aaa_celery.guard import GuardRunner, Happened
 from aaa_celery.lifecycle import Claimed, Outcome
 from aaa_celery.stores import open_store
+from aaa_celery.worker import stores as app_stores
 
 from ..stores.conftest import lose_lease
 from . import cli_app
@@ -99,6 +100,10 @@ def recorded(request: pytest.FixtureRequest) -> dict[str, str]:
     cli_app.app.conf.aaa_store_url = url
     if hasattr(cli_app.app, "_aaa_store"):
         del cli_app.app._aaa_store
+    # The commands run in this process, where app_store keeps one store per URL: one an earlier
+    # test opened holds pooled connections that this test's clean server ended.
+    for key in [k for k in app_stores._opened if k[1] == url]:
+        app_stores._opened.pop(key).close()
     return record_calls(url)
 
 
