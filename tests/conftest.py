@@ -149,7 +149,7 @@ def _psycopg():
 
 def clean_postgres(url: str) -> None:
     """End every other session on the database (freeing its advisory locks), then drop
-    the ``aaa_*`` tables, views and sequences and ``aaa*`` schemas: a clean start."""
+    the ``aaa_*`` tables, views, sequences and functions and ``aaa*`` schemas: a clean start."""
     psycopg = _psycopg()
     with psycopg.connect(libpq_url(url), autocommit=True) as con:
         con.execute(
@@ -166,6 +166,11 @@ def clean_postgres(url: str) -> None:
         what = {"r": "TABLE", "p": "TABLE", "v": "VIEW", "S": "SEQUENCE"}
         for schema, name, kind in rows:
             con.execute(f'DROP {what[kind]} IF EXISTS "{schema}"."{name}" CASCADE')
+        functions = con.execute(
+            "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE p.proname LIKE 'aaa%' AND n.nspname NOT IN ('pg_catalog', 'information_schema')")
+        for (function,) in functions.fetchall():
+            con.execute(f"DROP FUNCTION IF EXISTS {function} CASCADE")
         schemas = con.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'aaa%'")
         for (schema,) in schemas.fetchall():
             con.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

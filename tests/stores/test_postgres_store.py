@@ -26,6 +26,7 @@ from aaa_celery.lifecycle import (
     Busy,
     CallSpec,
     Claimed,
+    Finished,
     Outcome,
     Refused,
     Stale,
@@ -339,7 +340,8 @@ def test_register_begin_and_finish_each_take_one_transaction_and_few_round_trips
     # two transactions, finish 8 in two, each transaction a BEGIN and a COMMIT round trip more;
     # then (4dfc08d) 4 round trips each for begin and finish, BEGIN a round trip of its own;
     # then 3 each, the lock (begin) and the unlock (finish) a round trip of their own; then
-    # 2 each, a round trip to read the row before the writes were planned.
+    # 2 each, a round trip to read the row before the writes were planned; then (13b074f) 1
+    # each, one multi-statement query parsed and planned anew by the server at every call.
     store, call, cfg = stores(), new_call(), GuardConfig()
     # not counted: the database's clock, read once in a while, opening the lease session,
     # and preparing each statement on its connection (once)
@@ -352,15 +354,16 @@ def test_register_begin_and_finish_each_take_one_transaction_and_few_round_trips
     store.register(call)
     assert wire.take() == (1, 0, 1)  # one autocommitted insert
     lease = claim(store, call, "A", cfg).lease
-    # one query on the lease session: the lock, BEGIN, the row's lock, the check of the state
-    # the claim was planned for, the claim and the event (made if it passed), COMMIT
-    assert wire.take() == (5, 1, 1)
+    # one prepared statement on the lease session, autocommitted: aaa_begin_planned takes the
+    # lock and the row's, checks the state the claim was planned for, makes the claim and the
+    # event if it matched
+    assert wire.take() == (1, 0, 1)
     assert store.renew(lease) is True
     assert wire.take() == (1, 0, 1)
     assert isinstance(store.finish(lease, Outcome.success(1), cfg), Accepted)
-    # one query on the lease session: BEGIN, the row's lock, the check, the result, the lease
-    # cleared, the event, COMMIT, the unlock
-    assert wire.take() == (6, 1, 1)
+    # one prepared statement on the lease session, autocommitted: aaa_finish_planned locks the
+    # row, checks, writes the result, clears the lease, appends the event, gives the lock back
+    assert wire.take() == (1, 0, 1)
     assert advisory_locks_on(store, call.call_id) == 0
 
 
@@ -576,10 +579,10 @@ def test_a_begin_of_a_call_never_registered_writes_nothing_planned_for_a_registe
     wire, call = _Wire(store, tmp_path), new_call()
     got = claim(store, call, "A", cfg)
     assert got.attempt == 1
-    # the one query (its check fails: no row), then the transaction that registers the call
-    # (the lock kept from the one query: not taken twice)
+    # the function's call (its check fails: no row), then the transaction that registers the
+    # call (the lock kept from the function's call: not taken twice)
     statements, transactions, trips = wire.take()
-    assert (transactions, trips) == (2, 4), (statements, transactions, trips)
+    assert (transactions, trips) == (1, 4), (statements, transactions, trips)
     assert advisory_locks_on(store, call.call_id) == 1
     # one unlock frees it: a lock taken twice (re-entrant) would still be held
     assert store.finish(got.lease, Outcome.success(1), cfg) == Accepted(Outcome.success(1, attempt=1))
@@ -588,7 +591,7 @@ def test_a_begin_of_a_call_never_registered_writes_nothing_planned_for_a_registe
 
 
 def test_a_redelivery_is_planned_again_from_its_row(stores, tmp_path):
-    # The one query is planned for a first delivery; a call claimed before (its holder's
+    # The function's call is planned for a first delivery; a call claimed before (its holder's
     # session gone) fails the check, writes nothing, and is decided from its row.
     a, b, cfg = stores(), stores(), GuardConfig(delivery=Delivery.AT_LEAST_ONCE)
     call = new_call()
@@ -599,7 +602,7 @@ def test_a_redelivery_is_planned_again_from_its_row(stores, tmp_path):
     wire = _Wire(b, tmp_path)
     second = claim(b, call, "B", cfg)
     assert second.attempt == 2
-    assert wire.take()[2] >= 3  # the one query, then the transaction
+    assert wire.take()[2] >= 3  # the function's call, then the transaction
     assert [(e.type, e.attempt) for e in b.events(call.call_id)] == [(STARTED, 1), (STARTED, 2)]
     assert isinstance(a.finish(first, Outcome.success("late"), cfg), Stale)
     assert b.finish(second.lease, Outcome.success(2), cfg) == Accepted(Outcome.success(2, attempt=2))
@@ -634,7 +637,7 @@ def test_a_finish_of_a_superseded_attempt_is_planned_again_and_gives_its_lock_ba
         conn.execute(sa.text("UPDATE aaa_calls SET attempts = 2 WHERE call_id = :id"), {"id": call.call_id})
     wire = _Wire(store, tmp_path)
     assert isinstance(store.finish(lease, Outcome.success("old"), cfg), Stale)
-    assert wire.take()[1:] == (2, 3)  # the one query (check failed), then the transaction
+    assert wire.take()[1:] == (1, 3)  # the function's call (check failed), then the transaction
     assert advisory_locks_on(store, call.call_id) == 0
     assert store.result(call.call_id) is None
     assert [e.type for e in store.events(call.call_id)] == [STARTED, STALE_RESULT]
@@ -648,7 +651,7 @@ def _stored_spec(store: PostgresStore, call_id: str) -> CallSpec:
 
 def test_a_worker_s_delivery_of_a_call_registered_as_sent_takes_one_round_trip(stores, tmp_path):
     # The app registers the message as sent; the worker's begin has the request it rebuilt
-    # (merge_spec keeps the stored one): the plan's writes are the same, so one query.
+    # (merge_spec keeps the stored one): the plan's writes are the same, so one statement.
     store, cfg = stores(), GuardConfig()
     _warm(store, cfg)
     call_id = f"call-{uuid.uuid4().hex[:12]}"
@@ -656,13 +659,13 @@ def test_a_worker_s_delivery_of_a_call_registered_as_sent_takes_one_round_trip(s
     store.register(sent)
     wire = _Wire(store, tmp_path)
     got = claim(store, CallSpec(call_id, "charge", "key-1", {"task": "tools.charge", "args": [1]}), "A", cfg)
-    assert wire.take()[1:] == (1, 1)
+    assert wire.take() == (1, 0, 1)
     assert _stored_spec(store, call_id) == sent
     [started] = store.events(call_id)
     assert (started.type, started.data["name"], started.data["idempotency_key"]) == (STARTED, "charge", "key-1")
     wire.take()  # (the reads above)
     assert isinstance(store.finish(got.lease, Outcome.success(1), cfg), Accepted)
-    assert wire.take()[1:] == (1, 1)
+    assert wire.take() == (1, 0, 1)
 
 
 def test_a_delivery_that_says_better_how_to_send_the_call_is_planned_again_and_kept(stores):
@@ -731,3 +734,66 @@ def test_two_threads_delivering_one_call_claim_it_once(stores):
         assert isinstance([g for g in got if g is not claimed[0]][0], Busy), got
         assert isinstance(store.finish(claimed[0].lease, Outcome.success(1), cfg), Accepted)
         assert advisory_locks_on(store, call.call_id) == 0
+
+
+# -- The server-side functions (issue 23 item 1, step 3) ----------------------------------
+
+
+def test_a_finish_keeps_the_lease_s_key_held_until_its_result_commits(stores):
+    # aaa_finish_planned gives the session lock back inside its transaction: the key must stay
+    # held until the commit, or a begin elsewhere takes it and reads the row beside a result it
+    # cannot see yet. A deferred trigger holds the commit open for the test.
+    a, b, cfg = stores(), stores(), GuardConfig(delivery=Delivery.AT_LEAST_ONCE)
+    _warm(a, cfg)
+    call = new_call()
+    a.register(call)
+    lease = claim(a, call, "A", cfg).lease
+    with a.engine.begin() as conn:
+        conn.execute(sa.text(
+            "CREATE FUNCTION aaa_test_slow_commit() RETURNS trigger LANGUAGE plpgsql AS"
+            " $$ BEGIN PERFORM pg_sleep(1.5); RETURN NULL; END $$"))
+        conn.execute(sa.text(
+            "CREATE CONSTRAINT TRIGGER aaa_test_slow_commit AFTER INSERT ON aaa_results"
+            " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION aaa_test_slow_commit()"))
+    finished: list[object] = []
+    finisher = threading.Thread(target=lambda: finished.append(a.finish(lease, Outcome.success(1), cfg)))
+    finisher.start()
+    try:
+        key = lock_key(call.call_id)
+        with b.engine.connect() as conn:
+            deadline = time.monotonic() + 30
+            while not conn.execute(sa.text(  # the finish is committing: the result row written
+                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'PgSleep')")).scalar_one():
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            assert conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar_one() is False
+            conn.rollback()
+        begun = b.begin(call, "B", cfg)
+        assert not isinstance(begun, Claimed), begun
+    finally:
+        finisher.join(30)
+        with a.engine.begin() as conn:
+            conn.execute(sa.text("DROP TRIGGER aaa_test_slow_commit ON aaa_results"))
+            conn.execute(sa.text("DROP FUNCTION aaa_test_slow_commit()"))
+    assert finished == [Accepted(Outcome.success(1, attempt=1))]
+    assert isinstance(b.begin(call, "B", cfg), Finished)
+    assert advisory_locks_on(a, call.call_id) == 0
+
+
+def test_a_database_without_the_functions_runs_begin_and_finish_in_two_round_trips(stores, tmp_path):
+    # A schema not migrated to 0003 (as 0.1.0 or 0002 left it): the functions are missing; the
+    # store still serves every call, in its transactions of two round trips.
+    store, cfg = stores(), GuardConfig()
+    with store.engine.begin() as conn:
+        for name in ("aaa_begin_planned", "aaa_finish_planned"):
+            conn.execute(sa.text(f"DROP FUNCTION {name}"))
+    _warm(store, cfg)
+    wire, call = _Wire(store, tmp_path), new_call()
+    store.register(call)
+    wire.take()
+    lease = claim(store, call, "A", cfg).lease
+    assert wire.take()[1:] == (1, 2)
+    assert store.finish(lease, Outcome.success(1), cfg) == Accepted(Outcome.success(1, attempt=1))
+    assert wire.take()[1:] == (1, 2)
+    assert advisory_locks_on(store, call.call_id) == 0
+    assert [e.type for e in store.events(call.call_id)] == [STARTED, "aaa.tool.completed"]

@@ -15,8 +15,8 @@ FOR UPDATE``, and its writes with the ``COMMIT``, so an operation on a registere
 two round trips. On the lease session (:meth:`.postgres._LeaseSession.transaction`) the
 lease's lock rides before the ``BEGIN`` (``first``) and its unlock after the ``COMMIT``
 (:meth:`Transaction.commit`'s ``then``): still two. Before it, ``begin`` and ``finish``
-try one (:func:`run_all`): the writes of a plan made for the state the call is expected
-in, each guarded by a check of that state under the row's lock (:class:`Checked`).
+try one: a server-side function (:mod:`.pg_functions`) given the writes of a plan made for
+the state the call is expected in (:class:`Planned`), made only if the row is in it.
 """
 
 from __future__ import annotations
@@ -274,105 +274,67 @@ def drop(pool: Pool, proxy: PoolProxiedConnection, error: BaseException) -> None
 
 # -- One round trip: the plan for the state a call is expected in, applied only in it ------
 #
-# The check runs under the row's lock (taken by the statement before it, so it reads the
-# row as it is): it sets the session's setting ``aaa_celery.ok`` to whether the call is in
-# the state the plan was made for, and each write of the plan runs only if it is true. The
-# reply says which; a call in another state wrote nothing, and is planned again from its
-# row, in a transaction of its own (:meth:`.postgres._LeaseSession.transaction`).
+# A server-side function of :mod:`.pg_functions` per operation, called as one prepared,
+# autocommitted statement: it locks the call's row, compares it with the state the plan was
+# made for, and makes the plan's writes only if it matches. The reply says which; a call in
+# another state wrote nothing, and is planned again from its row, in a transaction of its own
+# (:meth:`.postgres._LeaseSession.transaction`).
 
-#: Whether the check passed, in the statements after it.
-_OK = "current_setting('aaa_celery.ok', true) = 'true'"
+#: :func:`.pg_functions.BEGIN_PLANNED`'s call: (key, call_id, spec JSON or None, name, key,
+#: no request; attempt, token, worker, hint; the event's five values or None): (got, ok, pid).
+BEGIN_PLANNED = ("SELECT got, ok, pid FROM aaa_begin_planned(%s::bigint, %s::varchar, %s::text, %s::text,"
+                 " %s::text, %s::boolean, %s::integer, %s::varchar, %s::varchar, %s::double precision,"
+                 " %s::varchar, %s::varchar, %s::integer, %s::json, %s::double precision)")
 
-#: Take a lease and keep whether it was granted for the check: (key).
-LOCK_FOR_CHECK = ("SELECT set_config('aaa_celery.got', pg_try_advisory_lock(%s::bigint)::text, false),"
-                  " pg_backend_pid()")
+#: :func:`.pg_functions.FINISH_PLANNED`'s call: (key, call_id, attempt, name; outcome JSON,
+#: now; the event's five values or None): (ok, pid).
+FINISH_PLANNED = ("SELECT ok, pid FROM aaa_finish_planned(%s::bigint, %s::varchar, %s::integer, %s::text,"
+                  " %s::json, %s::double precision, %s::varchar, %s::varchar, %s::integer, %s::json,"
+                  " %s::double precision)")
 
-#: Lock the call's row: (call_id).
-LOCK_ROW = "SELECT 1 FROM aaa_calls WHERE call_id = %s FOR UPDATE"
-
-_NO_RESULT = "NOT EXISTS (SELECT 1 FROM aaa_results r WHERE r.call_id = c.call_id)"
-
-_FRESH = ("SELECT set_config('aaa_celery.ok', (current_setting('aaa_celery.got') = 'true' AND EXISTS ("
-          "SELECT 1 FROM aaa_calls c WHERE c.call_id = %s AND c.attempts = 0 AND c.lease_token IS NULL"
-          f" AND c.handed_on = 0 AND c.handed = 0 AND {_NO_RESULT} AND ")
-
-#: ``begin``'s check: the lease was granted, and the call is registered, never claimed nor
-#: handed on, without a result, and keeps a spec with which the plan's writes are the same:
-#: for a message as sent (``lifecycle.spec_rank`` 2, which ``merge_spec`` always keeps) this
-#: very spec, as JSON text: (call_id, spec JSON).
-CHECK_FRESH_AS_SENT = _FRESH + "c.spec::text = %s))::text, false)"
-
-#: The same, for a spec ``merge_spec`` replaces only with a better one: a stored spec with the
-#: same name and key that it keeps (its rank no lower: a non-empty request, unless the
-#: delivered spec has none): (call_id, name, key, whether the delivered spec has no request).
-CHECK_FRESH_KEPT = _FRESH + (
-    "c.spec->>'name' = %s AND c.spec->>'idempotency_key' = %s AND (%s OR CASE"
-    " WHEN json_typeof(c.spec->'request') = 'object' THEN EXISTS (SELECT 1 FROM json_object_keys(c.spec->'request'))"
-    " ELSE false END)))::text, false)")
-
-#: ``finish``'s check: the call's last attempt is this one, its spec has this name, and it has
-#: no result: (call_id, attempt, name).
-CHECK_LAST = ("SELECT set_config('aaa_celery.ok', EXISTS ("
-              "SELECT 1 FROM aaa_calls c WHERE c.call_id = %s AND c.attempts = %s AND c.spec->>'name' = %s"
-              f" AND {_NO_RESULT})::text, false)")
-
-#: Give the lease back after the ``COMMIT`` if the check passed: (key).
-UNLOCK_IF_OK = f"SELECT CASE WHEN {_OK} THEN pg_advisory_unlock(%s::bigint) ELSE false END, pg_backend_pid()"
-
-_CHECKED_CLAIM = f"{CLAIM_ATTEMPT} AND {_OK}"
-_CHECKED_RESULT = ("INSERT INTO aaa_results (call_id, outcome, recorded_at)"
-                   f" SELECT %s::varchar, %s::json, %s::double precision WHERE {_OK}")
-_CHECKED_CLEAR_LEASE = f"{CLEAR_LEASE} AND {_OK}"
-_CHECKED_EVENT = ("INSERT INTO aaa_events (event_id, call_id, type, attempt, data, at)"
-                  " SELECT %s::varchar, %s::varchar, %s::varchar, %s::integer, %s::json, %s::double precision"
-                  f" WHERE {_OK} ON CONFLICT (event_id) DO NOTHING")
+#: The error of a database whose schema predates the functions (not migrated to ``0003``).
+UNDEFINED_FUNCTION = psycopg.errors.UndefinedFunction
 
 
-class Checked(CallWriter):
-    """The writes of a plan made for an expected state, each made only if the check passed
-    (``claim``, ``record`` and ``append``: a plan with other writes is not sent this way)."""
+class Planned(CallWriter):
+    """The writes of a plan made for an expected state, as the functions' parameters: a
+    ``begin``'s claim, a ``finish``'s result, and the event of either (a plan with other
+    writes is not sent this way: :meth:`takes`)."""
 
     def __init__(self, call_id: str, now: float) -> None:
         self.call_id, self.now = call_id, now
-        self.statements: list[tuple[str, tuple[Any, ...]]] = []
+        self.claimed: tuple[Any, ...] = ()
+        self.recorded: tuple[Any, ...] = ()
+        self.event: tuple[Any, ...] = (None,) * 5
+        #: The plan's reply (set by whoever applies the writes here).
+        self.reply: Any = None
 
     @staticmethod
-    def takes(writes: Writes) -> bool:
-        """Whether ``writes`` are all writes this writer makes."""
-        return (writes.let_go, writes.hand_on, writes.checkpoint, writes.settle) == (None, None, None, None)
+    def takes(writes: Writes, begin: bool) -> bool:
+        """Whether ``writes`` are all writes the function of ``begin`` (else ``finish``) makes."""
+        made = writes.claim if begin else writes.record
+        unmade = (writes.record if begin else writes.claim, writes.let_go, writes.hand_on, writes.checkpoint,
+                  writes.settle)
+        return made is not None and unmade == (None,) * 5
 
     def claim(self, lease: Lease) -> None:
-        self.statements.append((_CHECKED_CLAIM, claim_params(lease, self.now, self.call_id)))
+        self.claimed = (lease.attempt, lease.token, lease.worker, sweep_hint(lease, self.now))
 
     def record(self, outcome: Outcome) -> None:
-        self.statements.append((_CHECKED_RESULT, (self.call_id, dumps(asdict(outcome)), self.now)))
-        self.statements.append((_CHECKED_CLEAR_LEASE, (self.call_id,)))
+        self.recorded = (dumps(asdict(outcome)), self.now)
 
     def append(self, event: Draft) -> None:
         e = event.stamp(self.now)
-        self.statements.append((_CHECKED_EVENT, (e.id, e.call_id, e.type, e.attempt, dumps(e.data), e.at)))
+        self.event = (e.id, e.type, e.attempt, dumps(e.data), e.at)
 
     def let_go(self, token: str) -> None:
-        raise AssertionError("not a checked write")
+        raise AssertionError("not a planned write")
 
     def settle(self, outcome: Outcome) -> None:
-        raise AssertionError("not a checked write")
+        raise AssertionError("not a planned write")
 
     def hand_on(self, lease: Lease) -> None:
-        raise AssertionError("not a checked write")
+        raise AssertionError("not a planned write")
 
     def checkpoint(self, checkpoint: str) -> None:
-        raise AssertionError("not a checked write")
-
-
-def run_all(conn: psycopg.Connection[Any], statements: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
-    """Send ``statements`` as one query (values bound on the client, as :class:`Transaction`);
-    return the first row (or None) of each that returns rows, in order."""
-    cur = psycopg.ClientCursor(conn)
-    cur.execute("; ".join(s for s, _ in statements), [p for _, params in statements for p in params])
-    rows = []
-    while True:
-        if cur.description is not None:
-            rows.append(cur.fetchone())
-        if not cur.nextset():
-            return rows
+        raise AssertionError("not a planned write")

@@ -8,10 +8,12 @@ when no other thread of the process is using it (:meth:`_LeaseSession.transactio
 in one round trip when the call is in the state they expect (as the Redis scripts
 do): Python plans with :mod:`~aaa_celery.lifecycle` for a registered call's first
 delivery (``begin``) or for this attempt being the last without a result
-(``finish``), and sends the lock, ``BEGIN``, the row's lock, a check of that state,
-the plan's writes (each made only if the check passed), ``COMMIT`` and the unlock as
-one query. A call in any other state wrote nothing and is decided from its row in a
-transaction of two more round trips, the lock taken by the first query kept. The rest
+(``finish``), and sends the plan's writes to a server-side function
+(:mod:`.pg_functions`), one prepared statement, that takes the lock, locks the row,
+compares it with that state and makes the writes only if it matches (and gives a
+finish's lock back). A call in any other state wrote nothing and is decided from its
+row in a transaction of two more round trips, the lock taken by the function kept; so
+is every call on a database not migrated to the functions' schema revision (``0003``). The rest
 of the row work, and ``begin``/``finish`` of a thread that finds the session busy,
 run on pooled connections. The lease has no TTL:
 
@@ -66,7 +68,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
@@ -82,6 +84,9 @@ from ..base import new_token, wrap_errors
 from .runs import SQLRuns
 from . import versions
 from .store import SQLStore, _outcome, call_state, lapsed_event
+
+if TYPE_CHECKING:
+    from .pg_driver import Planned
 
 _DRIVER_ERRORS = (exc.OperationalError, exc.InterfaceError)
 
@@ -185,9 +190,10 @@ def _pooled(pids: Sequence[int]) -> UnsafeDeployment:
 Decide = Callable[[Any, Any, CallSpec, bool, str, float], tuple[Any, bool]]
 
 #: How an operation plans for the state it expects the call in: ``(lease_token, now)`` to (the
-#: reply, the check of that state and the writes, as :class:`.pg_driver.Checked` makes them),
-#: or None if it has no such plan.
-Plan = Callable[[str, float], tuple[Any, list[tuple[str, tuple[Any, ...]]]] | None]
+#: reply, and the server-side function's call that compares the row with that state and makes
+#: the writes: its statement and its parameters after the lock key), or None if it has no such
+#: plan.
+Plan = Callable[[str, float], tuple[Any, tuple[str, tuple[Any, ...]]] | None]
 
 
 class _LeaseSession:
@@ -216,6 +222,9 @@ class _LeaseSession:
         self.conn: Connection | None = None
         self.pid: int | None = None
         self.keys: dict[int, str] = {}
+        #: Whether :meth:`_fast` may call the server-side functions (False: this session found
+        #: the database without them).
+        self.planned = True
 
     def _open(self) -> Connection:
         if self.conn is None:
@@ -237,6 +246,7 @@ class _LeaseSession:
         """Forget the session (broken, or its server session ended): its locks are gone."""
         conn, self.conn, self.pid = self.conn, None, None
         self.keys.clear()
+        self.planned = True
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.invalidate()
@@ -315,14 +325,18 @@ class _LeaseSession:
 
     def _fast(self, key: int, token: str, call_id: str, now: float, take: bool,
               fast: Plan) -> tuple[bool, Any, bool] | None:
-        """The operation in one query: (a begin's lock,) ``BEGIN``, the row's lock, the check
-        of the state ``fast`` planned for, the plan's writes made only if it passed, ``COMMIT``
-        (, a finish's unlock if it passed). (Whether the check passed, the plan's reply, whether
-        a begin's lock was granted), or None if ``fast`` has no plan to send this way or the
-        session failed (dropped, with its locks: the transaction runs on a new one; a claim
-        that landed is claimed again by its token)."""
-        from .pg_driver import LOCK_FOR_CHECK, LOCK_ROW, UNLOCK_IF_OK, run_all
+        """The operation as one statement: the server-side function (:mod:`.pg_functions`)
+        that (takes a begin's lock,) locks the row, compares it with the state ``fast`` planned
+        for, and makes the plan's writes only if it matches (, and gives a finish's lock back).
+        (Whether it matched, the plan's reply, whether a begin's lock was granted), or None if
+        ``fast`` has no plan to send this way, the database lacks the functions (not migrated
+        to ``0003``: remembered for this session), or the session failed (dropped, with its
+        locks: the transaction runs on a new one; a claim that landed is claimed again by its
+        token)."""
+        from .pg_driver import UNDEFINED_FUNCTION
 
+        if not self.planned:
+            return None
         try:
             driver = self._driver()
         except BaseException:
@@ -332,29 +346,25 @@ class _LeaseSession:
         planned = fast(lease_token, now)
         if planned is None:
             return None
-        reply, checked = planned
-        statements = [*([(LOCK_FOR_CHECK, (key,))] if take else []), ("BEGIN", ()), (LOCK_ROW, (call_id,)),
-                      *checked, ("COMMIT", ()), *([] if take else [(UNLOCK_IF_OK, (key,))])]
+        reply, (statement, params) = planned
         try:
-            rows = run_all(driver, statements)
+            row = driver.execute(statement, (key, *params), prepare=True).fetchone()
+        except UNDEFINED_FUNCTION:
+            self.planned = False  # autocommitted: the failed statement took no lock
+            return None
         except BaseException as e:
             if self._broken():
                 self._drop()
                 return None
             self._failed(e, key, take, took=take)
             raise
-        if take:
-            (granted, pid), _, (ok,) = rows
-        else:
-            _, (ok,), (_, pid) = rows
-            granted = None
+        granted, ok, pid = row if take else (None, *row)
         self._check(pid)
-        passed = ok == "true"
-        if passed and take:
+        if ok and take:
             self.keys[key] = lease_token
-        elif passed:
+        elif ok:
             self.keys.pop(key, None)
-        return passed, reply, granted == "true"
+        return bool(ok), reply, bool(granted)
 
     def _transaction(self, key: int, token: str, call: CallSpec, now: float, decide: Decide, take: bool,
                      got: bool | None) -> Any:
@@ -663,11 +673,12 @@ class PostgresStore(SQLRuns, SQLStore):
             yield tx
 
     def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
-        """Decide a delivery. On the lease session (if no other thread is using it) the lock
+        """Decide a delivery. On the lease session (if no other thread is using it) in one
+        statement if the call is as planned (:meth:`_LeaseSession._fast`), else the lock
         and the row travel in one query and the writes, with the unlock of a lock not kept,
         in the ``COMMIT``'s (:meth:`_LeaseSession.transaction`); else the lock is taken on the
         session and the row written on a pooled connection."""
-        from .pg_driver import CHECK_FRESH_AS_SENT, CHECK_FRESH_KEPT, dumps
+        from .pg_driver import BEGIN_PLANNED, dumps
 
         key, token = lock_key(call.call_id), token or new_token()
 
@@ -675,18 +686,18 @@ class PostgresStore(SQLRuns, SQLStore):
             begun = self._decide_begin(tx, row, spec, got, worker, config, now, lease_token)
             return begun, isinstance(begun, Claimed)
 
-        def fast(lease_token: str, now: float) -> tuple[Any, list[tuple[str, tuple[Any, ...]]]] | None:
+        def fast(lease_token: str, now: float) -> tuple[Any, tuple[str, tuple[Any, ...]]] | None:
             # planned for a registered call's first delivery: never claimed, no result, this spec
+            # (for a message as sent, ``lifecycle.spec_rank`` 2, which ``merge_spec`` always
+            # keeps, as JSON text; else one with this name and key that it keeps)
             writes = self._begin_writes(CallState(), call, worker, config, now, lease_token)
-            if not isinstance(writes.reply, Claimed):
+            planned = self._planned(writes, call.call_id, now, True)
+            if planned is None:
                 return None
             self._remember(call)
             rank = spec_rank(call)
-            if rank == 2:
-                return self._checked(writes, call.call_id, now, CHECK_FRESH_AS_SENT,
-                                     (call.call_id, dumps(call.__dict__)))
-            return self._checked(writes, call.call_id, now, CHECK_FRESH_KEPT,
-                                 (call.call_id, call.name, call.idempotency_key, rank == 0))
+            expected = (dumps(call.__dict__) if rank == 2 else None, call.name, call.idempotency_key, rank == 0)
+            return planned.reply, (BEGIN_PLANNED, (call.call_id, *expected, *planned.claimed, *planned.event))
 
         with wrap_errors(self.kind, *self._errors):
             on_session: BeginResult | None = self._session.transaction(key, token, call, self.now, decide, take=True,
@@ -720,17 +731,17 @@ class PostgresStore(SQLRuns, SQLStore):
         return begun
 
     @staticmethod
-    def _checked(writes: Writes, call_id: str, now: float, check: str,
-                 params: tuple[Any, ...]) -> tuple[Any, list[tuple[str, tuple[Any, ...]]]] | None:
-        """``writes`` as :meth:`_LeaseSession.transaction`'s one query makes them, after
-        ``check`` (with ``params``), or None for writes it does not make."""
-        from .pg_driver import Checked
+    def _planned(writes: Writes, call_id: str, now: float, begin: bool) -> Planned | None:
+        """``writes`` as the server-side function of ``begin`` (else ``finish``) takes them
+        (:class:`.pg_driver.Planned`, with the plan's ``reply``), or None for writes it does
+        not make."""
+        from .pg_driver import Planned
 
-        if not Checked.takes(writes):
+        if not Planned.takes(writes, begin):
             return None
-        checked = Checked(call_id, now)
-        reply = apply(writes, checked)
-        return reply, [(check, params), *checked.statements]
+        planned = Planned(call_id, now)
+        planned.reply = apply(writes, planned)
+        return planned
 
     #: How many calls' names :meth:`_remember` keeps (one per running call, in a worker).
     KNOWN_NAMES = 4096
@@ -755,18 +766,22 @@ class PostgresStore(SQLRuns, SQLStore):
         def decide(tx: Any, row: Any, spec: CallSpec, got: bool, lease_token: str, now: float) -> tuple[Any, bool]:
             return self._decide_finish(tx, row, spec, lease, outcome, config, now), False
 
-        from .pg_driver import CHECK_LAST
+        from .pg_driver import FINISH_PLANNED
 
         name = self._recall(lease.call_id)
 
-        def fast(lease_token: str, now: float) -> tuple[Any, list[tuple[str, tuple[Any, ...]]]] | None:
+        def fast(lease_token: str, now: float) -> tuple[Any, tuple[str, tuple[Any, ...]]] | None:
             # planned for this attempt being the call's last, without a result
             if name is None:
                 return None
             writes = plan_finish(CallState(lease.attempt), CallSpec(lease.call_id, name), lease, outcome, config)
             if not isinstance(writes.reply, Accepted):
                 return None
-            return self._checked(writes, lease.call_id, now, CHECK_LAST, (lease.call_id, lease.attempt, name))
+            planned = self._planned(writes, lease.call_id, now, False)
+            if planned is None:
+                return None
+            return planned.reply, (FINISH_PLANNED, (lease.call_id, lease.attempt, name, *planned.recorded,
+                                                    *planned.event))
 
         with wrap_errors(self.kind, *self._errors):
             finished: FinishResult | None = self._session.transaction(

@@ -1,7 +1,8 @@
 """The SQL stores' schema versions: Alembic revisions shipped in the package.
 
 The revisions live in ``migrations/versions`` (``0001``: the 0.1.0 schema; each later one
-adds what its release changed: ``0002``, the recovery sweep's indexes). The version a database is at is kept in the table
+adds what its release changed: ``0002``, the recovery sweep's indexes; ``0003``, the PostgreSQL
+store's functions). The version a database is at is kept in the table
 :data:`VERSION_TABLE`, apart from an application's own ``alembic_version`` in the same
 database. Every function here runs on a connection inside a write transaction that holds
 the store's schema lock (PostgreSQL: an advisory lock; SQLite: the database's write lock).
@@ -21,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..base import StoreVersion
+from . import pg_functions
 from .schema import calls, metadata
 
 if TYPE_CHECKING:
@@ -31,7 +33,7 @@ VERSION_TABLE = "aaa_alembic_version"
 #: This release's revisions, oldest first: the files of ``migrations/versions``, named here
 #: so that opening a store reads its version without loading Alembic (which only stamps and
 #: upgrades); ``tests/stores/test_schema_version.py`` checks the two agree.
-REVISIONS = ("0001", "0002")
+REVISIONS = ("0001", "0002", "0003")
 
 _version = sa.table(VERSION_TABLE, sa.column("version_num", sa.String))
 
@@ -74,9 +76,11 @@ def _run(conn: Connection, what: str) -> None:
 
 
 def prepare(conn: Connection) -> None:
-    """Create the tables of an empty database, at the latest schema, and stamp it."""
+    """Create the tables (and PostgreSQL's functions) of an empty database, at the latest
+    schema, and stamp it."""
     if version(conn).empty:
         metadata.create_all(conn)
+        pg_functions.create(conn)
         _run(conn, "stamp")
 
 

@@ -1,0 +1,109 @@
+"""The PostgreSQL store's server-side functions: ``begin`` and ``finish`` as one prepared
+statement each (:mod:`.pg_driver`'s ``BEGIN_PLANNED`` and ``FINISH_PLANNED``).
+
+Each runs as its own autocommitted statement, so a call is one round trip, one transaction
+and one commit, and PL/pgSQL keeps its statements' plans for the session. They decide
+nothing: :mod:`~aaa_celery.lifecycle` plans the writes in Python for the state the call is
+expected in; the function takes the call's row lock, compares the row with that state, and
+makes the writes only if it matches (else it writes nothing, and the store plans again from
+the row). Each comparison is a statement after the row lock's, so it reads the row as the
+last writer committed it (READ COMMITTED: a fresh snapshot per statement of a volatile
+function).
+
+``aaa_finish_planned`` gives the lease's session lock back inside its transaction, but takes
+the same key's transaction lock first: the key stays held until the result commits, so a
+``begin`` elsewhere finds the call busy until then, never free with the result unseen (its
+row read, ``SELECT ... FOR UPDATE`` with the result joined, would otherwise see the row's
+new version beside the result as of its older snapshot).
+
+Created by schema revision ``0003`` (and with the tables of a new database); a database not
+migrated yet lacks them, and the store then runs ``begin`` and ``finish`` in two round trips.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import Connection
+
+_NO_RESULT = "NOT EXISTS (SELECT 1 FROM aaa_results r WHERE r.call_id = c.call_id)"
+
+_EVENT = """
+  IF e_id IS NOT NULL THEN
+    INSERT INTO aaa_events (event_id, call_id, type, attempt, data, at)
+    VALUES (e_id, p_call_id, e_type, e_attempt, e_data, e_at) ON CONFLICT (event_id) DO NOTHING;
+  END IF;"""
+
+#: ``begin`` for a registered call's first delivery: (lock key, call id, the spec as JSON text
+#: for a message as sent, else NULL and its name, key and whether it has no request; the
+#: claim's attempt, token, worker and sweep hint; the event's id, type, attempt, data, time,
+#: or NULLs) to (the lock was granted, the row matched and was written, the backend pid).
+BEGIN_PLANNED = f"""
+CREATE OR REPLACE FUNCTION aaa_begin_planned(
+  p_key bigint, p_call_id varchar, p_spec text, p_name text, p_idem text, p_no_request boolean,
+  p_attempt integer, p_token varchar, p_worker varchar, p_hint double precision,
+  e_id varchar, e_type varchar, e_attempt integer, e_data json, e_at double precision,
+  OUT got boolean, OUT ok boolean, OUT pid integer)
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+  pid := pg_backend_pid();
+  ok := false;
+  got := pg_try_advisory_lock(p_key);
+  IF NOT got THEN
+    RETURN;
+  END IF;
+  PERFORM 1 FROM aaa_calls WHERE call_id = p_call_id FOR UPDATE;
+  SELECT EXISTS (
+    SELECT 1 FROM aaa_calls c
+     WHERE c.call_id = p_call_id AND c.attempts = 0 AND c.lease_token IS NULL AND c.handed_on = 0
+       AND c.handed = 0 AND {_NO_RESULT}
+       AND CASE WHEN p_spec IS NOT NULL THEN c.spec::text = p_spec
+           ELSE c.spec->>'name' = p_name AND c.spec->>'idempotency_key' = p_idem AND (p_no_request OR CASE
+             WHEN json_typeof(c.spec->'request') = 'object'
+             THEN EXISTS (SELECT 1 FROM json_object_keys(c.spec->'request')) ELSE false END) END)
+    INTO ok;
+  IF NOT ok THEN
+    RETURN;
+  END IF;
+  UPDATE aaa_calls SET attempts = p_attempt, lease_token = p_token, lease_worker = p_worker,
+         lease_attempt = p_attempt, lease_expires_at = p_hint, recovery_until = 0.0
+   WHERE call_id = p_call_id;{_EVENT}
+END
+$fn$"""
+
+#: ``finish`` for this attempt being the call's last, without a result: (lock key, call id,
+#: attempt, name; the result as JSON and when; the event as ``aaa_begin_planned``'s) to (the
+#: row matched and was written, the backend pid). The lease is given back if it matched.
+FINISH_PLANNED = f"""
+CREATE OR REPLACE FUNCTION aaa_finish_planned(
+  p_key bigint, p_call_id varchar, p_attempt integer, p_name text, p_outcome json, p_now double precision,
+  e_id varchar, e_type varchar, e_attempt integer, e_data json, e_at double precision,
+  OUT ok boolean, OUT pid integer)
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+  pid := pg_backend_pid();
+  PERFORM 1 FROM aaa_calls WHERE call_id = p_call_id FOR UPDATE;
+  SELECT EXISTS (
+    SELECT 1 FROM aaa_calls c
+     WHERE c.call_id = p_call_id AND c.attempts = p_attempt AND c.spec->>'name' = p_name AND {_NO_RESULT})
+    INTO ok;
+  IF NOT ok THEN
+    RETURN;
+  END IF;
+  INSERT INTO aaa_results (call_id, outcome, recorded_at) VALUES (p_call_id, p_outcome, p_now);
+  UPDATE aaa_calls SET lease_token = NULL, lease_worker = NULL, lease_attempt = NULL, lease_expires_at = NULL
+   WHERE call_id = p_call_id;{_EVENT}
+  -- the key stays held until this commits (see the module's docstring)
+  PERFORM pg_advisory_xact_lock(p_key);
+  PERFORM pg_advisory_unlock(p_key);
+END
+$fn$"""
+
+FUNCTIONS = (BEGIN_PLANNED, FINISH_PLANNED)
+NAMES = ("aaa_begin_planned", "aaa_finish_planned")
+
+
+def create(conn: Connection) -> None:
+    """Create (or replace) the functions, on PostgreSQL only (SQLite has none)."""
+    if conn.dialect.name != "postgresql":
+        return
+    for ddl in FUNCTIONS:
+        conn.exec_driver_sql(ddl)
