@@ -584,10 +584,19 @@ class PostgresStore(SQLRuns, SQLStore):
         return base[0] + (time.monotonic() - base[1])
 
     def _read_db_clock(self) -> tuple[float, float]:
-        with wrap_errors(self.kind, *self._errors), self.engine.connect() as conn:
-            sent = time.monotonic()
-            db_now = float(conn.execute(DB_CLOCK).scalar_one())
-            back = time.monotonic()
+        """Read the database's clock. A pooled connection that turns out dead (its session ended:
+        a restart, a failover) is retried once on a new one: SQLAlchemy has then dropped the
+        pool's older connections, and a store that has no clock yet could do nothing else."""
+        for retry in (True, False):
+            try:
+                with wrap_errors(self.kind, *self._errors), self.engine.connect() as conn:
+                    sent = time.monotonic()
+                    db_now = float(conn.execute(DB_CLOCK).scalar_one())
+                    back = time.monotonic()
+                break
+            except StoreUnavailable as e:
+                if not retry or not getattr(e.__cause__, "connection_invalidated", False):
+                    raise
         self._clock_base = (db_now, (sent + back) / 2)
         return self._clock_base
 
