@@ -110,6 +110,27 @@ def test_a_store_0_1_0_left_is_refused_until_migrate_upgrades_it(request, backen
         assert store.result(call.call_id) == Outcome.success({"kept": True}, 1)
 
 
+@pytest.mark.postgres
+def test_a_migrated_postgresql_store_runs_the_functions_a_new_one_is_made_with(postgres_url):
+    """The revisions' own copies of the store's functions are the ones this release calls: a
+    change to ``pg_functions.py`` without a revision that replaces them turns this red."""
+    from aaa_celery.stores.sql import pg_functions
+
+    def definitions(store: Store) -> dict[str, str]:
+        with store.engine.connect() as conn:  # type: ignore[attr-defined]
+            return {name: conn.execute(sa.text("SELECT pg_get_functiondef(CAST(:f AS regproc))"),
+                                       {"f": name}).scalar_one() for name in pg_functions.NAMES}
+
+    with open_store(postgres_url) as store:
+        made = definitions(store)
+        with store.engine.begin() as conn:  # type: ignore[attr-defined]
+            for name in pg_functions.NAMES:
+                conn.execute(sa.text(f"DROP FUNCTION {name}"))
+        set_version(store, versions.REVISIONS[versions.REVISIONS.index("0003") - 1])
+        assert store.migrate().outdated is False
+        assert definitions(store) == made
+
+
 @pytest.mark.parametrize("backend", VERSIONED)
 def test_auto_migrate_upgrades_an_older_store_once_among_racing_workers(request, backend, tmp_path):
     url = sql_url(request, backend, tmp_path)

@@ -18,6 +18,8 @@ new version beside the result as of its older snapshot).
 
 Created by schema revision ``0003`` (and with the tables of a new database); a database not
 migrated yet lacks them, and the store then runs ``begin`` and ``finish`` in two round trips.
+The revision keeps its own copy: a change here needs a revision that replaces the functions,
+or a migrated database would run the old ones (``tests/stores/test_schema_version.py``).
 """
 
 from __future__ import annotations

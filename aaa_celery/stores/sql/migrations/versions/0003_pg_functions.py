@@ -3,28 +3,98 @@
 ``finish``. No table changes; nothing on SQLite.
 
 ``CREATE OR REPLACE FUNCTION`` takes no lock on the tables, so it runs beside live 0.1.0
-workers (which never call the functions). A later revision that changes a function replaces
-it again, so this one creates the functions as this release writes them.
+workers (which never call the functions). The functions are written out here as 0.2.0 made
+them, not read from :mod:`...pg_functions`, which moves on: a release that changes them adds
+a revision that replaces them (``tests/stores/test_schema_version.py`` fails until it does).
 """
 
 from __future__ import annotations
 
 from alembic import op
 
-from aaa_celery.stores.sql import pg_functions
-
 revision = "0003"
 down_revision = "0002"
 branch_labels = None
 depends_on = None
 
+NAMES = ("aaa_begin_planned", "aaa_finish_planned")
+
+BEGIN_PLANNED = """
+CREATE OR REPLACE FUNCTION aaa_begin_planned(
+  p_key bigint, p_call_id varchar, p_spec text, p_name text, p_idem text, p_no_request boolean,
+  p_attempt integer, p_token varchar, p_worker varchar, p_hint double precision,
+  e_id varchar, e_type varchar, e_attempt integer, e_data json, e_at double precision,
+  OUT got boolean, OUT ok boolean, OUT pid integer)
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+  pid := pg_backend_pid();
+  ok := false;
+  got := pg_try_advisory_lock(p_key);
+  IF NOT got THEN
+    RETURN;
+  END IF;
+  PERFORM 1 FROM aaa_calls WHERE call_id = p_call_id FOR UPDATE;
+  SELECT EXISTS (
+    SELECT 1 FROM aaa_calls c
+     WHERE c.call_id = p_call_id AND c.attempts = 0 AND c.lease_token IS NULL AND c.handed_on = 0
+       AND c.handed = 0 AND NOT EXISTS (SELECT 1 FROM aaa_results r WHERE r.call_id = c.call_id)
+       AND CASE WHEN p_spec IS NOT NULL THEN c.spec::text = p_spec
+           ELSE c.spec->>'name' = p_name AND c.spec->>'idempotency_key' = p_idem AND (p_no_request OR CASE
+             WHEN json_typeof(c.spec->'request') = 'object'
+             THEN EXISTS (SELECT 1 FROM json_object_keys(c.spec->'request')) ELSE false END) END)
+    INTO ok;
+  IF NOT ok THEN
+    RETURN;
+  END IF;
+  UPDATE aaa_calls SET attempts = p_attempt, lease_token = p_token, lease_worker = p_worker,
+         lease_attempt = p_attempt, lease_expires_at = p_hint, recovery_until = 0.0
+   WHERE call_id = p_call_id;
+  IF e_id IS NOT NULL THEN
+    INSERT INTO aaa_events (event_id, call_id, type, attempt, data, at)
+    VALUES (e_id, p_call_id, e_type, e_attempt, e_data, e_at) ON CONFLICT (event_id) DO NOTHING;
+  END IF;
+END
+$fn$"""
+
+FINISH_PLANNED = """
+CREATE OR REPLACE FUNCTION aaa_finish_planned(
+  p_key bigint, p_call_id varchar, p_attempt integer, p_name text, p_outcome json, p_now double precision,
+  e_id varchar, e_type varchar, e_attempt integer, e_data json, e_at double precision,
+  OUT ok boolean, OUT pid integer)
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+  pid := pg_backend_pid();
+  PERFORM 1 FROM aaa_calls WHERE call_id = p_call_id FOR UPDATE;
+  SELECT EXISTS (
+    SELECT 1 FROM aaa_calls c
+     WHERE c.call_id = p_call_id AND c.attempts = p_attempt AND c.spec->>'name' = p_name AND NOT EXISTS (SELECT 1 FROM aaa_results r WHERE r.call_id = c.call_id))
+    INTO ok;
+  IF NOT ok THEN
+    RETURN;
+  END IF;
+  INSERT INTO aaa_results (call_id, outcome, recorded_at) VALUES (p_call_id, p_outcome, p_now);
+  UPDATE aaa_calls SET lease_token = NULL, lease_worker = NULL, lease_attempt = NULL, lease_expires_at = NULL
+   WHERE call_id = p_call_id;
+  IF e_id IS NOT NULL THEN
+    INSERT INTO aaa_events (event_id, call_id, type, attempt, data, at)
+    VALUES (e_id, p_call_id, e_type, e_attempt, e_data, e_at) ON CONFLICT (event_id) DO NOTHING;
+  END IF;
+  -- the key stays held until this commits (see the module's docstring)
+  PERFORM pg_advisory_xact_lock(p_key);
+  PERFORM pg_advisory_unlock(p_key);
+END
+$fn$"""
+
 
 def upgrade() -> None:
-    pg_functions.create(op.get_bind())
+    bind = op.get_bind()
+    if bind.dialect.name == "postgresql":
+        for ddl in (BEGIN_PLANNED, FINISH_PLANNED):
+            bind.exec_driver_sql(ddl)
 
 
 def downgrade() -> None:
     bind = op.get_bind()
     if bind.dialect.name == "postgresql":
-        for name in pg_functions.NAMES:
+        for name in NAMES:
             bind.exec_driver_sql(f"DROP FUNCTION IF EXISTS {name}")
