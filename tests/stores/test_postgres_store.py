@@ -311,7 +311,7 @@ class _Wire:
                 pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
 
         sa.event.listen(store.engine, "checkout", lambda dbapi, record, proxy: trace(dbapi.pgconn))
-        trace(store._session.conn.connection.driver_connection.pgconn)
+        trace(store._sessions.sessions[0].conn.connection.driver_connection.pgconn)
         self.seen: dict[int, int] = {}
 
     def take(self) -> tuple[int, int, int]:
@@ -496,13 +496,13 @@ def test_begin_and_finish_on_a_free_lease_session_take_no_pooled_connection(stor
 
 
 def test_begin_and_finish_while_another_thread_uses_the_lease_session_go_through_the_pool(stores):
-    # A threads pool shares the one lease session: a call that finds it busy does not queue on
+    # With one lease session (lease_sessions=1), a call that finds it busy does not queue on
     # it for its whole transaction, it takes a pooled connection (and the session for the lock).
-    store, call, cfg = stores(), new_call(), GuardConfig()
+    store, call, cfg = stores(lease_sessions=1), new_call(), GuardConfig()
     store.register(call)
     claim(store, new_call(), "A", cfg)  # the session is open
     seen, done = _checkouts(store), []
-    lock = store._session.lock = _WatchedLock()
+    lock = store._sessions.sessions[0].lock = _WatchedLock()
 
     def busy_session(work) -> None:
         refused = lock.refused
@@ -704,6 +704,15 @@ def test_a_delivery_that_says_better_how_to_send_the_call_is_planned_again_and_k
         assert isinstance(store.finish(lease, Outcome.success(1), cfg), Accepted)
 
 
+def _in_threads(work, calls: list[CallSpec], n: int) -> None:
+    """Run ``work`` on ``n`` threads at once, each with every n-th of ``calls``."""
+    threads = [threading.Thread(target=work, args=(calls[i::n],), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+
+
 def test_threads_sharing_one_store_each_get_their_own_call_and_leave_no_lock(stores):
     # A threads pool: begin and finish race for the one lease session; those that find it
     # busy take the pool. Every call is claimed once, finished once, and its lock freed.
@@ -722,14 +731,10 @@ def test_threads_sharing_one_store_each_get_their_own_call_and_leave_no_lock(sto
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(calls[i::6],), daemon=True) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    _in_threads(work, calls, 6)
     assert errors == []
     assert all(results[c.call_id] == Accepted(Outcome.success(c.call_id, attempt=1)) for c in calls)
-    assert store._session.keys == {}
+    assert all(s.keys == {} for s in store._sessions.sessions)
     assert sum(advisory_locks_on(store, c.call_id) for c in calls) == 0
 
 
@@ -817,3 +822,85 @@ def test_a_database_without_the_functions_runs_begin_and_finish_in_two_round_tri
     assert wire.take()[1:] == (1, 2)
     assert advisory_locks_on(store, call.call_id) == 0
     assert [e.type for e in store.events(call.call_id)] == [STARTED, "aaa.tool.completed"]
+
+
+def _lease_pids(store: PostgresStore) -> dict[int, int]:
+    """How many advisory locks each server session of ``store`` holds (``pg_locks``)."""
+    with store.engine.connect() as conn:
+        return dict(conn.execute(sa.text(
+            "SELECT l.pid, count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
+            " WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = 'aaa_celery'"
+            " GROUP BY l.pid")).all())
+
+
+def test_leases_spread_over_a_few_sessions_each_holding_at_most_the_cap(stores):
+    # Issue 23: every lease on one session made each statement there cost O(leases held).
+    from tests.stores.conftest import lose_lease
+
+    store, cfg = stores(), GuardConfig(delivery=Delivery.AT_LEAST_ONCE)
+    store._sessions.CAP = 50
+    calls = [new_call() for _ in range(120)]
+    leases = [claim(store, c, "A", cfg).lease for c in calls]
+    pids = [store.lease_backend_pid(lease) for lease in leases]
+    assert sorted({p: pids.count(p) for p in pids}.values()) == [20, 50, 50]
+    assert sorted(_lease_pids(store).values()) == [20, 50, 50]
+    # a second delivery of a held call is busy whichever session holds it
+    for i in (0, 60, 110):
+        assert store.begin(calls[i], "A2", cfg) == Busy("A", None)
+        assert store.begin(calls[i], "A3", cfg, token="other") == Busy("A", None)
+    assert sorted(_lease_pids(store).values()) == [20, 50, 50]
+    # terminating one session loses only its leases
+    lose_lease(store, leases[60])
+    lost = {i for i, p in enumerate(pids) if p == pids[60]}
+    assert len(lost) == 50
+    for i, lease in enumerate(leases):
+        assert store.renew(lease) is (i not in lost), i
+    again = claim(store, calls[60], "B", cfg)
+    assert again.lease.attempt == 2
+    for i, lease in enumerate(leases):
+        if i not in lost:
+            assert isinstance(store.finish(lease, Outcome.success(i), cfg), Accepted), i
+    assert isinstance(store.finish(again.lease, Outcome.success(60), cfg), Accepted)
+    assert sum(advisory_locks_on(store, c.call_id) for c in calls) == 0
+    assert all(s.keys == {} for s in store._sessions.sessions)
+
+
+def test_threads_each_get_a_lease_session_of_their_own_most_of_the_time(stores):
+    # Issue 23: 8 threads shared one lease session; one that found it busy took the pooled
+    # path (3 round trips instead of 1). Now they spread over up to 8 sessions.
+    store, cfg = stores(), GuardConfig()
+    calls = [new_call() for _ in range(240)]
+    for c in calls:
+        store.register(c)
+    claimed: dict[str, int] = {}
+    results, errors = {}, []
+    seen_lock = threading.Lock()
+
+    def work(mine: list[CallSpec]) -> None:
+        try:
+            for c in mine:
+                lease = claim(store, c, "T", cfg).lease
+                with seen_lock:
+                    claimed[c.call_id] = claimed.get(c.call_id, 0) + 1
+                results[c.call_id] = store.finish(lease, Outcome.success(c.call_id), cfg)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    before = store._sessions.fallbacks
+    _in_threads(work, calls, 8)
+    assert errors == []
+    assert claimed == {c.call_id: 1 for c in calls}
+    assert all(results[c.call_id] == Accepted(Outcome.success(c.call_id, attempt=1)) for c in calls)
+    fallbacks = store._sessions.fallbacks - before
+    assert fallbacks <= len(calls) * 2 // 10, fallbacks  # of 480 begins and finishes
+    assert 1 <= len(store._sessions.sessions) <= 8
+    assert all(s.keys == {} for s in store._sessions.sessions)
+    assert sum(advisory_locks_on(store, c.call_id) for c in calls) == 0
+
+
+def test_lease_sessions_must_be_a_positive_int(postgres_url):
+    from aaa_celery.errors import ConfigError
+
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ConfigError, match="lease_sessions"):
+            PostgresStore(postgres_url, lease_sessions=bad)

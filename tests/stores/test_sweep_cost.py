@@ -251,7 +251,7 @@ def test_postgres_renewal_never_waits_on_a_locked_row_and_leaves_the_session_dur
             assert holder.renew(lease)
             assert time.monotonic() - t0 < 5.0  # not blocked until the other transaction ends
             assert hint_of(postgres_url, lease.call_id) == first
-        session = holder._session.conn  # type: ignore[attr-defined]
+        session = holder._sessions.sessions[0].conn  # type: ignore[attr-defined]
         session.exec_driver_sql("SET synchronous_commit = on")  # the tests' server runs with it off
         time.sleep(0.01)
         assert holder.renew(lease)

@@ -1,10 +1,15 @@
 """The PostgreSQL store: the spec's semantics, a lease bound to a database session.
 
 A lease is a session-level advisory lock, ``pg_try_advisory_lock(key)`` with
-``key`` a stable 64-bit hash of the call id, taken on the store's lease session:
-one autocommit connection, kept out of the pool, that holds every lease of the
-process (:class:`_LeaseSession`). ``begin`` and ``finish`` run on that session too
-when no other thread of the process is using it (:meth:`_LeaseSession.transaction`),
+``key`` a stable 64-bit hash of the call id, taken on one of the store's few lease
+sessions: autocommit connections, kept out of the pool (:class:`_LeaseSession`). A claim
+goes to a session that no other thread is using and that holds fewer than
+``_LeaseSessions.CAP`` (1,000) leases, another is opened when none is, up to
+``lease_sessions`` (8) (:class:`_LeaseSessions`), and the lease stays on it: a statement on a
+session costs more the more locks it holds (PostgreSQL walks the backend's lock table at
+each transaction end), and threads on one session would queue. A one-thread process (a
+prefork child) uses one session until it holds the cap. ``begin`` and ``finish`` run on
+the lease's session too (:meth:`_LeaseSession.transaction`),
 in one round trip when the call is in the state they expect (as the Redis scripts
 do): Python plans with :mod:`~aaa_celery.lifecycle` for a registered call's first
 delivery (``begin``) or for this attempt being the last without a result
@@ -14,11 +19,11 @@ compares it with that state and makes the writes only if it matches (and gives a
 finish's lock back). A call in any other state wrote nothing and is decided from its
 row in a transaction of two more round trips, the lock taken by the function kept; so
 is every call on a database not migrated to the functions' schema revision (``0003``). The rest
-of the row work, and ``begin``/``finish`` of a thread that finds the session busy,
-run on pooled connections. The lease has no TTL:
+of the row work, and ``begin``/``finish`` of a thread that finds every session busy with
+``lease_sessions`` open, run on pooled connections. The lease has no TTL:
 
 * a worker that dies, or whose lease session is cut or terminated, loses that
-  session and every lease on it, so the locks free at once and the next delivery claims attempt
+  session and every lease on it (the leases on its other sessions live on), so the locks free at once and the next delivery claims attempt
   n+1 (or is refused, as the call's delivery policy says);
 * a worker that is frozen but still connected keeps the lease: nobody takes
   over, so there is no duplicate, and no progress until it resumes or its
@@ -41,7 +46,7 @@ look alive:
   ``connect_args``.
 * ``idle_session_timeout_s`` sets the server's ``idle_session_timeout`` for the
   store's sessions (PostgreSQL 14+): a process that stops heartbeating (each
-  ``renew`` runs a query on the lease session) is disconnected after that long,
+  ``renew`` runs a query on its lease's session) is disconnected after that long,
   and its leases freed. Keep it well above the guard's ``heartbeat_s``.
 
 Attempt numbers, results and events live in the tables of :mod:`.sql`, written
@@ -51,7 +56,7 @@ Session locks do not survive a transaction-pooling proxy (PgBouncer in
 ``transaction`` mode, Supavisor on 6543): the lock stays on a server connection
 that other clients then borrow. The store refuses to run when it sees its
 session change between transactions (:func:`check_session_pinned` at open, and
-the backend pid every statement on the lease session returns) and raises :class:`~aaa_celery.errors.UnsafeDeployment`.
+the backend pid every statement on a lease session returns) and raises :class:`~aaa_celery.errors.UnsafeDeployment`.
 Connect directly, or through a session-mode pool.
 
 Open the store after forking (Celery's ``worker_process_init``): connections
@@ -197,25 +202,30 @@ Plan = Callable[[str, float], tuple[Any, tuple[str, tuple[Any, ...]]] | None]
 
 
 class _LeaseSession:
-    """The one database session that holds this store's leases: an autocommit connection
-    kept out of the pool, on which each lease is a session-level advisory lock.
+    """One database session that holds leases of this store (one of :class:`_LeaseSessions`):
+    an autocommit connection kept out of the pool, on which each lease is a session-level
+    advisory lock.
 
-    One session holds every lease the process has, so a claim costs one statement here
-    (no connection opened per call; with :meth:`transaction`, none of its own: it rides in
-    the claim's first query) and N running calls need one server backend, not N. Threads
-    take turns on it (:attr:`lock`); one that finds it busy for a whole transaction uses
-    the pool. The keys it
+    A claim costs one statement here (no connection opened per call; with
+    :meth:`transaction`, none of its own: it rides in the claim's first query) and N running
+    calls need a few server backends, not N. Threads take turns on it (:attr:`lock`); one
+    that finds it busy tries another session. The keys it
     holds are kept in :attr:`keys` (key -> lease token): advisory locks are re-entrant
     within a session, so a second delivery of a running call in the same process must
-    read as busy here, before the server would grant the lock a second time.
+    read as busy here (:attr:`held`: a key any session of the store holds), before the
+    server would grant the lock a second time.
 
     A session that fails is dropped with every lock it held; the next claim opens another.
     Each statement also returns ``pg_backend_pid()``: a pid that changes on one connection is
     a transaction-pooling proxy, refused with :class:`~aaa_celery.errors.UnsafeDeployment`.
     """
 
-    def __init__(self, engine: sa.Engine, errors: tuple[type[BaseException], ...]) -> None:
+    def __init__(self, engine: sa.Engine, errors: tuple[type[BaseException], ...],
+                 held: Callable[[int], bool] | None = None) -> None:
         self.engine = engine
+        #: Whether any lease session of the store holds a key (:meth:`_LeaseSessions.held`):
+        #: a key held by another session of this process is busy here too, never locked twice.
+        self.held: Callable[[int], bool] = held or self.keys_has
         #: What a failed statement on the session raises (SQLAlchemy's or the driver's errors).
         self.errors = errors
         self.lock = threading.Lock()
@@ -225,6 +235,9 @@ class _LeaseSession:
         #: Whether :meth:`_fast` may call the server-side functions (False: this session found
         #: the database without them).
         self.planned = True
+
+    def keys_has(self, key: int) -> bool:
+        return key in self.keys
 
     def _open(self) -> Connection:
         if self.conn is None:
@@ -268,7 +281,7 @@ class _LeaseSession:
         from .pg_driver import SESSION_PID, TRY_LEASE_LOCK
 
         with self.lock:
-            if key in self.keys:  # held here, if the session still lives
+            if self.held(key):  # held by this process, if the session still lives
                 try:
                     self._run(SESSION_PID, ())
                     return False, f"{self.pid}.{token}"
@@ -313,7 +326,7 @@ class _LeaseSession:
             if not take and self.keys.get(key) != token:
                 return None
             now, got = clock(), None
-            if fast is not None and not (take and key in self.keys):
+            if fast is not None and not (take and self.held(key)):
                 tried = self._fast(key, token, call.call_id, now, take, fast)
                 if tried is not None:
                     ok, reply, got = tried
@@ -373,7 +386,7 @@ class _LeaseSession:
         from .pg_driver import RELEASE_LEASE_LOCK, SESSION_PID, TRY_LEASE_LOCK, Transaction
 
         for retry in (True, False):
-            here = key in self.keys  # a begin of a call this session holds: busy, no lock taken
+            here = take and self.held(key)  # a begin of a call this process holds: busy, no lock taken
             first = None if not take or got is not None else (SESSION_PID, ()) if here else (TRY_LEASE_LOCK, (key,))
             try:
                 tx = Transaction(self._driver(), first)
@@ -480,6 +493,103 @@ class _LeaseSession:
             self._drop()
 
 
+class _LeaseSessions:
+    """The store's few lease sessions (:class:`_LeaseSession`), over which its leases spread.
+
+    PostgreSQL walks a backend's whole local lock table at the end of every transaction, so a
+    statement on a session costs more the more advisory locks it holds (a prepared ``SELECT 1``:
+    61 us with none, 378 us with 10,000), and threads that share one session queue on it. A new
+    claim goes to the first session that is free now and holds fewer than :attr:`CAP` leases;
+    when none is, another session is opened, up to ``most``; only when all are busy and there
+    are ``most`` does it take the pooled path (counted in :attr:`fallbacks`). A one-thread
+    process (a prefork child) keeps using its first session until that holds :attr:`CAP`.
+
+    A lease stays on the session that took it: ``finish``, ``renew`` and the unlock find that
+    session by the key it holds for the lease's token (at most ``most`` dictionaries looked
+    at; a dropped session forgot only its own keys). A key held by any session of the store
+    reads as busy on every one (:meth:`held`): advisory locks are re-entrant only within one
+    session, and the server refuses a key another session holds.
+    """
+
+    #: How many leases a session takes before new claims go to another one.
+    CAP = 1000
+
+    def __init__(self, engine: sa.Engine, errors: tuple[type[BaseException], ...], most: int) -> None:
+        self.engine, self.errors, self.most = engine, errors, most
+        self.sessions: list[_LeaseSession] = [self._new()]
+        self._grow = threading.Lock()
+        #: How many ``begin``/``finish`` calls found no free session and took the pooled path.
+        self.fallbacks = 0
+
+    def _new(self) -> _LeaseSession:
+        return _LeaseSession(self.engine, self.errors, self.held)
+
+    def held(self, key: int) -> bool:
+        """Whether any session of the store holds ``key``."""
+        return any(key in s.keys for s in self.sessions)
+
+    def holder(self, key: int, token: str) -> _LeaseSession | None:
+        """The session that holds ``key`` for ``token``, if any."""
+        for s in self.sessions:
+            if s.keys.get(key) == token:
+                return s
+        return None
+
+    def _opened(self) -> _LeaseSession | None:
+        """A new session, if fewer than ``most`` are open."""
+        with self._grow:
+            if len(self.sessions) >= self.most:
+                return None
+            session = self._new()
+            self.sessions = [*self.sessions, session]
+            return session
+
+    def transaction(self, key: int, token: str, call: CallSpec, clock: Callable[[], float], decide: Decide, *,
+                    take: bool, fast: Plan | None = None) -> Any:
+        """:meth:`_LeaseSession.transaction` on the session that holds the lease (``finish``),
+        or (``begin``) on a free one under :attr:`CAP`, else a new one, else any free one; None
+        when there is none (the caller takes the pooled path)."""
+        if not take:
+            session = self.holder(key, token)
+            done = None if session is None else session.transaction(key, token, call, clock, decide, take=False,
+                                                                     fast=fast)
+        else:
+            done = None
+            for under_cap in (True, False):
+                for session in self.sessions:
+                    if under_cap and len(session.keys) >= self.CAP:
+                        continue
+                    done = session.transaction(key, token, call, clock, decide, take=True, fast=fast)
+                    if done is not None:
+                        return done
+                if under_cap and (session := self._opened()) is not None:
+                    done = session.transaction(key, token, call, clock, decide, take=True, fast=fast)
+                    if done is not None:
+                        return done
+        if done is None:
+            self.fallbacks += 1
+        return done
+
+    def try_lock(self, key: int, token: str) -> tuple[bool, str]:
+        """:meth:`_LeaseSession.try_lock` on the session holding the fewest leases (waiting for it)."""
+        return min(self.sessions, key=lambda s: len(s.keys)).try_lock(key, token)
+
+    def unlock(self, key: int, token: str) -> None:
+        session = self.holder(key, token)
+        if session is not None:
+            session.unlock(key, token)
+
+    def holds(self, key: int, call_id: str, token: str, hint: float) -> bool | None:
+        """:meth:`_LeaseSession.holds` on the session holding ``key`` for ``token`` (None: none does)."""
+        session = self.holder(key, token)
+        return None if session is None else session.holds(key, call_id, token, hint)
+
+    def close(self) -> None:
+        """End every session, which frees every lock they hold."""
+        for session in self.sessions:
+            session.close()
+
+
 def ping_if_idle(engine: sa.Engine, idle_s: float) -> None:
     """Ping a pooled connection before handing it out only if it sat unused over ``idle_s``,
     and replace it if the ping fails (SQLAlchemy's ``pool_pre_ping`` pings every checkout:
@@ -520,6 +630,9 @@ class PostgresStore(SQLRuns, SQLStore):
         idle_session_timeout_s: if set, the server disconnects a session idle that
             long, which frees a frozen holder's lease (PostgreSQL 14+).
         engine_options: more :func:`sqlalchemy.create_engine` options (``pool_size`` ...).
+        lease_sessions: the most lease sessions (server backends, kept out of the pool) the
+            process spreads its leases over (:class:`_LeaseSessions`); default 8, one per
+            thread of an 8-thread pool. ``1`` keeps every lease on one session.
     """
 
     kind = "postgresql"
@@ -534,6 +647,7 @@ class PostgresStore(SQLRuns, SQLStore):
         connect_args: dict[str, Any] | None = None,
         idle_session_timeout_s: float | None = None,
         engine_options: dict[str, Any] | None = None,
+        lease_sessions: int = 8,
     ) -> None:
         try:
             import psycopg
@@ -557,7 +671,10 @@ class PostgresStore(SQLRuns, SQLStore):
 
         #: What wrap_errors turns into StoreUnavailable: SQLAlchemy's and the driver's errors.
         self._errors = (*_DRIVER_ERRORS, *CONNECTION_ERRORS)
-        self._session = _LeaseSession(self.engine, (exc.DBAPIError, psycopg.Error))
+        if not isinstance(lease_sessions, int) or isinstance(lease_sessions, bool) or lease_sessions < 1:
+            raise ConfigError(f"postgresql store: lease_sessions must be an int of at least 1, not {lease_sessions!r}: "
+                              "the most lease sessions a process opens (default 8; 1 keeps every lease on one)")
+        self._sessions = _LeaseSessions(self.engine, (exc.DBAPIError, psycopg.Error), lease_sessions)
         with wrap_errors(self.kind, *self._errors):
             with self.engine.connect() as conn:
                 check_session_pinned(conn)
@@ -682,7 +799,7 @@ class PostgresStore(SQLRuns, SQLStore):
             yield tx
 
     def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
-        """Decide a delivery. On the lease session (if no other thread is using it) in one
+        """Decide a delivery. On a free lease session (:meth:`_LeaseSessions.transaction`) in one
         statement if the call is as planned (:meth:`_LeaseSession._fast`), else the lock
         and the row travel in one query and the writes, with the unlock of a lock not kept,
         in the ``COMMIT``'s (:meth:`_LeaseSession.transaction`); else the lock is taken on the
@@ -709,11 +826,11 @@ class PostgresStore(SQLRuns, SQLStore):
             return planned.reply, (BEGIN_PLANNED, (call.call_id, *expected, *planned.claimed, *planned.event))
 
         with wrap_errors(self.kind, *self._errors):
-            on_session: BeginResult | None = self._session.transaction(key, token, call, self.now, decide, take=True,
+            on_session: BeginResult | None = self._sessions.transaction(key, token, call, self.now, decide, take=True,
                                                                        fast=fast)
             if on_session is not None:
                 return on_session
-            got, lease_token = self._session.try_lock(key, token)
+            got, lease_token = self._sessions.try_lock(key, token)
         claimed = False
         try:
             with self._transaction() as tx:
@@ -724,7 +841,7 @@ class PostgresStore(SQLRuns, SQLStore):
             return begun
         finally:
             if got and not claimed:
-                self._session.unlock(key, lease_token)
+                self._sessions.unlock(key, lease_token)
 
     def _decide_begin(self, tx: Any, row: Any, spec: CallSpec, got: bool, worker: str, config: GuardConfig,
                       now: float, lease_token: str) -> BeginResult:
@@ -768,7 +885,7 @@ class PostgresStore(SQLRuns, SQLStore):
             return self._names.pop(call_id, None)
 
     def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
-        """Record the outcome (:meth:`SQLStore.finish`). When this process's lease session holds
+        """Record the outcome (:meth:`SQLStore.finish`). When a lease session of this process holds
         the lease and no other thread is using it, the transaction runs there and its
         ``COMMIT`` query gives the lock back; else on a pooled connection, then the unlock."""
 
@@ -793,7 +910,7 @@ class PostgresStore(SQLRuns, SQLStore):
                                                     *planned.event))
 
         with wrap_errors(self.kind, *self._errors):
-            finished: FinishResult | None = self._session.transaction(
+            finished: FinishResult | None = self._sessions.transaction(
                 lock_key(lease.call_id), lease.token, CallSpec(lease.call_id), self.now, decide, take=False,
                 fast=fast)
         if finished is not None:
@@ -816,7 +933,7 @@ class PostgresStore(SQLRuns, SQLStore):
         return finished
 
     def _let_go(self, lease: Lease) -> None:
-        self._session.unlock(lock_key(lease.call_id), lease.token)
+        self._sessions.unlock(lock_key(lease.call_id), lease.token)
 
     def lease_backend_pid(self, lease: Lease) -> int | None:
         """The server process whose session holds ``lease`` (for operators and fault tests)."""
@@ -827,9 +944,11 @@ class PostgresStore(SQLRuns, SQLStore):
         """Check that the lease's session is alive and still holds the lock (no TTL to extend),
         and move the row's sweep hint on (``lifecycle.sweep_hint``) in the same statement."""
         key = lock_key(lease.call_id)
-        if self._session.keys.get(key) == lease.token:
+        if self._sessions.holder(key, lease.token) is not None:
             with wrap_errors(self.kind, *self._errors):
-                return self._session.holds(key, lease.call_id, lease.token, sweep_hint(lease, self.now()))
+                held = self._sessions.holds(key, lease.call_id, lease.token, sweep_hint(lease, self.now()))
+            if held is not None:
+                return held
         pid = self.lease_backend_pid(lease)
         if pid is None:
             return False
@@ -841,5 +960,5 @@ class PostgresStore(SQLRuns, SQLStore):
             return bool(conn.execute(LEASE_STILL_HELD, params).one().held)
 
     def close(self) -> None:
-        self._session.close()
+        self._sessions.close()
         self.engine.dispose()
