@@ -865,6 +865,16 @@ def test_leases_spread_over_a_few_sessions_each_holding_at_most_the_cap(stores):
     assert all(s.keys == {} for s in store._sessions.sessions)
 
 
+def test_past_the_cap_on_every_session_new_leases_go_to_the_least_loaded(stores):
+    store, cfg = stores(lease_sessions=3), GuardConfig()
+    store._sessions.CAP = 20
+    leases = [claim(store, new_call(), "A", cfg).lease for _ in range(90)]
+    assert sorted(_lease_pids(store).values()) == [30, 30, 30]
+    for lease in leases:
+        assert isinstance(store.finish(lease, Outcome.success(None), cfg), Accepted)
+    assert _lease_pids(store) == {}
+
+
 def test_threads_each_get_a_lease_session_of_their_own_most_of_the_time(stores):
     # Issue 23: 8 threads shared one lease session; one that found it busy took the pooled
     # path (3 round trips instead of 1). Now they spread over up to 8 sessions.

@@ -500,8 +500,8 @@ class _LeaseSessions:
     statement on a session costs more the more advisory locks it holds (a prepared ``SELECT 1``:
     61 us with none, 378 us with 10,000), and threads that share one session queue on it. A new
     claim goes to the first session that is free now and holds fewer than :attr:`CAP` leases;
-    when none is, another session is opened, up to ``most``; only when all are busy and there
-    are ``most`` does it take the pooled path (counted in :attr:`fallbacks`). A one-thread
+    when none is, another session is opened, up to ``most``; past that, the least loaded free
+    one takes it. Only when all are busy and there are ``most`` does it take the pooled path (counted in :attr:`fallbacks`). A one-thread
     process (a prefork child) keeps using its first session until that holds :attr:`CAP`.
 
     A lease stays on the session that took it: ``finish``, ``renew`` and the unlock find that
@@ -547,7 +547,8 @@ class _LeaseSessions:
     def transaction(self, key: int, token: str, call: CallSpec, clock: Callable[[], float], decide: Decide, *,
                     take: bool, fast: Plan | None = None) -> Any:
         """:meth:`_LeaseSession.transaction` on the session that holds the lease (``finish``),
-        or (``begin``) on a free one under :attr:`CAP`, else a new one, else any free one; None
+        or (``begin``) on a free one under :attr:`CAP`, else a new one, else the least loaded
+        free one; None
         when there is none (the caller takes the pooled path)."""
         if not take:
             session = self.holder(key, token)
@@ -556,7 +557,8 @@ class _LeaseSessions:
         else:
             done = None
             for under_cap in (True, False):
-                for session in self.sessions:
+                # over the cap with every session open: the least loaded first
+                for session in self.sessions if under_cap else sorted(self.sessions, key=lambda s: len(s.keys)):
                     if under_cap and len(session.keys) >= self.CAP:
                         continue
                     done = session.transaction(key, token, call, clock, decide, take=True, fast=fast)
