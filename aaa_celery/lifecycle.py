@@ -232,6 +232,15 @@ def sweep_hint(lease: Lease, now: float) -> float:
     return lease.expires_at if lease.expires_at is not None else now + lease.ttl_s
 
 
+#: What a SQL store writes as the expiry of a call that has its result: never (it never
+#: :func:`lapsed`). Finished rows are kept until ``aaa purge``, and a row with no expiry reads
+#: as lapsed: without this every recovery sweep would read every finished call, a cost that
+#: grows the longer a fleet runs. A lease that was given up without a result keeps no expiry
+#: (the sweep must find it at once), and neither does a row that an older release finished
+#: (read, then skipped for its result, as before).
+FINISHED_HINT = math.inf
+
+
 def lease_left(expires_at: float | None, now: float) -> float:
     """Seconds a TTL lease has left at ``now``: 0 once it has :func:`lapsed`."""
     return 0.0 if expires_at is None or lapsed(expires_at, now) else expires_at - now

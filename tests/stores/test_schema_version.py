@@ -131,6 +131,47 @@ def test_a_migrated_postgresql_store_runs_the_functions_a_new_one_is_made_with(p
         assert definitions(store) == made
 
 
+def hints(store: Store, *call_ids: str) -> list[float | None]:
+    with store.engine.connect() as conn:  # type: ignore[attr-defined]
+        return [conn.execute(sa.text("SELECT lease_expires_at FROM aaa_calls WHERE call_id = :c"),
+                             {"c": c}).scalar_one() for c in call_ids]
+
+
+@pytest.mark.parametrize("backend", SQL)
+def test_revision_0004_marks_the_finished_rows_it_finds_and_its_downgrade_unmarks_them(request, backend, tmp_path):
+    """0003 left a finished row without an expiry, which every sweep read; 0004 gives such
+    rows ``FINISHED_HINT`` and leaves a released lease's row (no result) as it was. Its
+    downgrade puts both the rows and (PostgreSQL) ``aaa_finish_planned`` back as 0003 had them."""
+    from alembic import command
+
+    from aaa_celery.lifecycle import FINISHED_HINT
+
+    url = sql_url(request, backend, tmp_path)
+    with open_store(url) as store:
+        done = finished_call(store)
+        lease = claim(store, new_call(), "w1", config()).lease
+        store.release(lease)  # lost without a result: the sweep must find it at once
+        with store.engine.begin() as conn:  # type: ignore[attr-defined]
+            conn.execute(sa.text("UPDATE aaa_calls SET lease_expires_at = NULL WHERE call_id = :c"),
+                         {"c": done.call_id})
+        set_version(store, "0003")
+
+        assert store.migrate().current == "0004"
+        assert hints(store, done.call_id, lease.call_id) == [FINISHED_HINT, None]
+        assert [c.call_id for c in store.expired(unclaimed_grace_s=1e12)] == [lease.call_id]
+
+        with store.engine.begin() as conn:  # type: ignore[attr-defined]
+            config_ = versions.alembic_config()
+            config_.attributes["connection"] = conn
+            command.downgrade(config_, "0003")
+            if backend == "postgresql":
+                body = conn.execute(sa.text("SELECT prosrc FROM pg_proc WHERE proname = 'aaa_finish_planned'")).scalar_one()
+                assert "'Infinity'" not in body and "lease_expires_at = NULL" in body
+        assert hints(store, done.call_id, lease.call_id) == [None, None]
+        assert store.migrate().current == "0004"
+        assert hints(store, done.call_id, lease.call_id) == [FINISHED_HINT, None]
+
+
 @pytest.mark.parametrize("backend", VERSIONED)
 def test_auto_migrate_upgrades_an_older_store_once_among_racing_workers(request, backend, tmp_path):
     url = sql_url(request, backend, tmp_path)

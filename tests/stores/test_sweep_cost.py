@@ -137,6 +137,75 @@ def test_postgres_sweep_reads_the_same_with_ten_times_the_live_leases(postgres_u
     assert rows_grace <= rows_few + 2 * LAPSED, (rows_few, rows_grace)
 
 
+def test_postgres_sweep_reads_the_same_with_ten_times_the_finished_calls(postgres_url):
+    """Finished calls are kept until ``aaa purge``; every worker sweeps every few seconds, so a
+    sweep that read each finished row cost more the longer the fleet ran (a finish used to
+    leave the row without a sweep hint, which reads as lapsed: ``lifecycle.FINISHED_HINT``).
+    Both finish paths count: the server-side function and the two-round-trip transaction
+    (a call this process did not claim, as after a redelivery to another worker)."""
+    from aaa_celery.lifecycle import Outcome
+    from aaa_celery.stores.sql.postgres import PostgresStore
+
+    def finish_calls(n: int) -> None:
+        for i in range(n):
+            lease = claim(worker, new_call(), "worker-live", config()).lease
+            if i % 2:
+                worker._recall(lease.call_id)  # noqa: SLF001 - its finish plans from the row
+            assert worker.finish(lease, Outcome.success(i), config()).__class__.__name__ == "Accepted"
+
+    # Given LAPSED calls whose lease session ended, and FEW finished calls
+    lost = PostgresStore(postgres_url)
+    lapsed = {claim(lost, new_call(), "worker-dead", config(lease_ttl_s=SHORT_TTL_S)).lease.call_id
+              for _ in range(LAPSED)}
+    lost.close()
+    worker = PostgresStore(postgres_url)
+    try:
+        finish_calls(FEW)
+        time.sleep(SHORT_TTL_S * 2)
+        found_few, rows_few = postgres_rows_examined(postgres_url)
+
+        # When ten times as many calls have finished
+        finish_calls(MANY - FEW)
+        found_many, rows_many = postgres_rows_examined(postgres_url)
+    finally:
+        worker.close()
+
+    # Then the sweep lists the same lapsed calls, and examines no more rows
+    assert found_few == found_many == lapsed
+    assert rows_many <= rows_few + 2 * LAPSED, (rows_few, rows_many)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_every_sql_finish_path_marks_the_row_finished_and_a_release_does_not(request, backend, tmp_path):
+    """``lifecycle.FINISHED_HINT`` on each path that records a result (PostgreSQL: its
+    server-side function, its transaction, an operator's ``record``); a lease given up
+    without a result keeps no expiry, so the sweep lists it at once."""
+    import sqlalchemy as sa
+
+    from aaa_celery.lifecycle import FINISHED_HINT, Outcome
+    from aaa_celery.stores import open_store
+
+    url = request.getfixturevalue("postgres_url") if backend == "postgresql" else f"sqlite:///{tmp_path}/s.db"
+    with open_store(url) as store:
+        fast = claim(store, new_call(), "w1", config()).lease
+        slow = claim(store, new_call(), "w1", config()).lease
+        getattr(store, "_recall", lambda _: None)(slow.call_id)  # PostgreSQL: plans its finish from the row
+        released = claim(store, new_call(), "w1", config()).lease
+        recorded = new_call()
+        store.register(recorded)
+        for lease in (fast, slow):
+            store.finish(lease, Outcome.success(1), config())
+        store.release(released)
+        assert store.record(recorded, Outcome.success(2))
+        with store.engine.connect() as conn:  # type: ignore[attr-defined]
+            hint = {c: conn.execute(sa.text("SELECT lease_expires_at FROM aaa_calls WHERE call_id = :c"),
+                                    {"c": c}).scalar_one()
+                    for c in (fast.call_id, slow.call_id, released.call_id, recorded.call_id)}
+        assert hint == {fast.call_id: FINISHED_HINT, slow.call_id: FINISHED_HINT, released.call_id: None,
+                        recorded.call_id: FINISHED_HINT}
+        assert [c.call_id for c in store.expired(unclaimed_grace_s=NEVER)] == [released.call_id]
+
+
 def rows_fetched(store, fn):
     """``fn()``'s value, and how many rows the store's statements returned to it meanwhile."""
     from sqlalchemy import event

@@ -32,7 +32,7 @@ from psycopg.rows import namedtuple_row
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import Pool, PoolProxiedConnection
 
-from ...lifecycle import CallSpec, Draft, Lease, Outcome, Writes, merge_spec, sweep_hint
+from ...lifecycle import FINISHED_HINT, CallSpec, Draft, Lease, Outcome, Writes, merge_spec, sweep_hint
 from .._writes import CallWriter
 
 #: psycopg's errors that mean the server or the connection failed (the store is unavailable).
@@ -70,6 +70,10 @@ CLEAR_LEASE = ("UPDATE aaa_calls SET lease_token = NULL, lease_worker = NULL, le
 
 #: :func:`.queries.clear_lease` with a token: (call_id, token).
 CLEAR_LEASE_OF = CLEAR_LEASE + " AND lease_token = %s"
+
+#: :func:`.queries.clear_finished_lease`: (``lifecycle.FINISHED_HINT``, call_id).
+CLEAR_FINISHED_LEASE = ("UPDATE aaa_calls SET lease_token = NULL, lease_worker = NULL, lease_attempt = NULL,"
+                        " lease_expires_at = %s WHERE call_id = %s")
 
 #: :func:`.queries.hand_on_attempt`: (attempt, now, call_id, token).
 HAND_ON_ATTEMPT = ("UPDATE aaa_calls SET handed_on = %s, handed = handed + 1, registered_at = %s,"
@@ -140,7 +144,7 @@ class _Writer(CallWriter):
 
     def record(self, outcome: Outcome) -> None:
         self.tx.queue(INSERT_RESULT, self.call_id, dumps(asdict(outcome)), self.now)
-        self.tx.queue(CLEAR_LEASE, self.call_id)
+        self.tx.queue(CLEAR_FINISHED_LEASE, FINISHED_HINT, self.call_id)
 
     def append(self, event: Draft) -> None:
         e = event.stamp(self.now)

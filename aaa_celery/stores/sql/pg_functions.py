@@ -16,10 +16,14 @@ the same key's transaction lock first: the key stays held until the result commi
 row read, ``SELECT ... FOR UPDATE`` with the result joined, would otherwise see the row's
 new version beside the result as of its older snapshot).
 
-Created by schema revision ``0003`` (and with the tables of a new database); a database not
-migrated yet lacks them, and the store then runs ``begin`` and ``finish`` in two round trips.
-The revision keeps its own copy: a change here needs a revision that replaces the functions,
-or a migrated database would run the old ones (``tests/stores/test_schema_version.py``).
+``aaa_finish_planned`` writes the finished row's sweep hint as ``'Infinity'``
+(``lifecycle.FINISHED_HINT``), as :class:`.pg_driver._Writer` does on the other path.
+
+Created by schema revision ``0003`` (and with the tables of a new database), the finish
+replaced by ``0004``; a database not migrated yet lacks them, and the store then runs
+``begin`` and ``finish`` in two round trips. Each revision keeps its own copy: a change here
+needs a revision that replaces the functions, or a migrated database would run the old ones
+(``tests/stores/test_schema_version.py``).
 """
 
 from __future__ import annotations
@@ -91,7 +95,8 @@ BEGIN
     RETURN;
   END IF;
   INSERT INTO aaa_results (call_id, outcome, recorded_at) VALUES (p_call_id, p_outcome, p_now);
-  UPDATE aaa_calls SET lease_token = NULL, lease_worker = NULL, lease_attempt = NULL, lease_expires_at = NULL
+  UPDATE aaa_calls SET lease_token = NULL, lease_worker = NULL, lease_attempt = NULL,
+         lease_expires_at = 'Infinity'
    WHERE call_id = p_call_id;{_EVENT}
   -- the key stays held until this commits (see the module's docstring)
   PERFORM pg_advisory_xact_lock(p_key);

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ...lifecycle import RESOLVED, CallSpec, Event, Lease, Outcome, sweep_hint
+from ...lifecycle import FINISHED_HINT, RESOLVED, CallSpec, Event, Lease, Outcome, sweep_hint
 from .schema import UNCLAIMED, budget_tokens, budgets, calls, checkpoints, events, recoveries, results
 
 if TYPE_CHECKING:
@@ -108,6 +108,12 @@ def clear_lease(call_id: str, token: str | None = None) -> sa.Update:
     if token is not None:
         stmt = stmt.where(calls.c.lease_token == token)
     return stmt.values(**_NO_LEASE)
+
+
+def clear_finished_lease(call_id: str) -> sa.Update:
+    """Free the lease of a call whose result was just recorded, and mark its row as one the
+    recovery sweep never reads (:data:`~aaa_celery.lifecycle.FINISHED_HINT`)."""
+    return calls.update().where(calls.c.call_id == call_id).values(**{**_NO_LEASE, "lease_expires_at": FINISHED_HINT})
 
 
 def renew_ttl_lease(call_id: str, token: str, now: float, ttl_s: float) -> sa.Update:

@@ -61,6 +61,7 @@ from .queries import (
     Insert,
     PAGE,
     claim_attempt,
+    clear_finished_lease,
     clear_lease,
     count_budget_spend,
     delete_budget_tokens,
@@ -138,7 +139,7 @@ class _Writer(CallWriter):
 
     def record(self, outcome: Outcome) -> None:
         self.conn.execute(insert_result(self.call_id, outcome, self.now))
-        self.conn.execute(clear_lease(self.call_id))
+        self.conn.execute(clear_finished_lease(self.call_id))
 
     def append(self, event: Draft) -> None:
         self.conn.execute(insert_event_if_absent(self.insert, event.stamp(self.now)))
