@@ -367,6 +367,28 @@ def test_register_begin_and_finish_each_take_one_transaction_and_few_round_trips
     assert advisory_locks_on(store, call.call_id) == 0
 
 
+def test_the_first_begin_of_a_call_nobody_registered_is_one_statement_too(stores, tmp_path):
+    # A message sent by name (app.send_task, or aaa_register_on_publish=False) reaches its
+    # worker unregistered: its first begin found no row for aaa_begin_planned to check, then
+    # ran the transaction of two round trips that inserts it (3 round trips, 2 transactions).
+    store, cfg = stores(), GuardConfig()
+    for _ in range(2):  # warm, as above: the clock, the lease session, the prepared statements
+        warm = claim(store, new_call(), "A", cfg).lease
+        store.finish(warm, Outcome.success(0), cfg)
+    wire = _Wire(store, tmp_path)
+    call = new_call()
+    lease = claim(store, call, "A", cfg).lease
+    assert wire.take() == (1, 0, 1)
+    with store.engine.connect() as conn:  # registered as the transaction would have
+        row = conn.execute(sa.text("SELECT spec, attempts FROM aaa_calls WHERE call_id = :c"),
+                           {"c": call.call_id}).one()
+    assert (CallSpec(**row.spec), row.attempts) == (call, 1)
+    assert [e.type for e in store.events(call.call_id)] == ["aaa.tool.started"]
+    wire.take()  # these two reads
+    assert isinstance(store.finish(lease, Outcome.success(1), cfg), Accepted)
+    assert wire.take() == (1, 0, 1)
+
+
 def test_the_leases_of_a_process_share_one_server_session(stores, postgres_url):
     # Reproduces the scale limit of issue 23: one backend (and a connection opened) per lease.
     store, cfg = stores(), GuardConfig()
@@ -593,16 +615,20 @@ def _warm(store: PostgresStore, cfg: GuardConfig) -> None:
         store.finish(warm_lease, Outcome.success(0), cfg)
 
 
-def test_a_begin_of_a_call_never_registered_writes_nothing_planned_for_a_registered_one(stores, tmp_path):
+def test_a_first_begin_whose_row_is_not_as_planned_writes_nothing_and_keeps_the_lock_it_took(stores, tmp_path):
     store, cfg = stores(), GuardConfig()
     _warm(store, cfg)
-    wire, call = _Wire(store, tmp_path), new_call()
+    call = new_call()
+    # registered as sent with another key (a key function changed between publish and run):
+    # the function's check fails after it took the lock
+    store.register(CallSpec(call.call_id, call.name, "another-key", call.request))
+    wire = _Wire(store, tmp_path)
     got = claim(store, call, "A", cfg)
     assert got.attempt == 1
-    # the function's call (its check fails: no row), then the transaction that registers the
-    # call (the lock kept from the function's call: not taken twice)
+    # the function's call (its check fails), then the transaction that decides from the row
+    # (the lock kept from the function's call: not taken twice)
     statements, transactions, trips = wire.take()
-    assert (transactions, trips) == (1, 4), (statements, transactions, trips)
+    assert (transactions, trips) == (1, 3), (statements, transactions, trips)
     assert advisory_locks_on(store, call.call_id) == 1
     # one unlock frees it: a lock taken twice (re-entrant) would still be held
     assert store.finish(got.lease, Outcome.success(1), cfg) == Accepted(Outcome.success(1, attempt=1))

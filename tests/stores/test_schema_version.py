@@ -167,9 +167,16 @@ def test_revision_0004_marks_the_finished_rows_it_finds_and_its_downgrade_unmark
             if backend == "postgresql":
                 body = conn.execute(sa.text("SELECT prosrc FROM pg_proc WHERE proname = 'aaa_finish_planned'")).scalar_one()
                 assert "'Infinity'" not in body and "lease_expires_at = NULL" in body
+                # 0004's begin takes two more arguments; 0003's comes back, and only it
+                assert conn.execute(sa.text("SELECT array_agg(pronargs) FROM pg_proc"
+                                            " WHERE proname = 'aaa_begin_planned'")).scalar_one() == [15]
         assert hints(store, done.call_id, lease.call_id) == [None, None]
         assert store.migrate().current == "0004"
         assert hints(store, done.call_id, lease.call_id) == [FINISHED_HINT, None]
+        if backend == "postgresql":
+            with store.engine.connect() as conn:  # type: ignore[attr-defined]
+                assert conn.execute(sa.text("SELECT array_agg(pronargs) FROM pg_proc"
+                                            " WHERE proname = 'aaa_begin_planned'")).scalar_one() == [17]
 
 
 @pytest.mark.parametrize("backend", VERSIONED)

@@ -285,10 +285,12 @@ def drop(pool: Pool, proxy: PoolProxiedConnection, error: BaseException) -> None
 # (:meth:`.postgres._LeaseSession.transaction`).
 
 #: :func:`.pg_functions.BEGIN_PLANNED`'s call: (key, call_id, spec JSON or None, name, key,
-#: no request; attempt, token, worker, hint; the event's five values or None): (got, ok, pid).
+#: no request, spec JSON to register with or None, now; attempt, token, worker, hint; the
+#: event's five values or None): (got, ok, pid).
 BEGIN_PLANNED = ("SELECT got, ok, pid FROM aaa_begin_planned(%s::bigint, %s::varchar, %s::text, %s::text,"
-                 " %s::text, %s::boolean, %s::integer, %s::varchar, %s::varchar, %s::double precision,"
-                 " %s::varchar, %s::varchar, %s::integer, %s::json, %s::double precision)")
+                 " %s::text, %s::boolean, %s::text, %s::double precision, %s::integer, %s::varchar,"
+                 " %s::varchar, %s::double precision, %s::varchar, %s::varchar, %s::integer, %s::json,"
+                 " %s::double precision)")
 
 #: :func:`.pg_functions.FINISH_PLANNED`'s call: (key, call_id, attempt, name; outcome JSON,
 #: now; the event's five values or None): (ok, pid).

@@ -16,11 +16,13 @@ the same key's transaction lock first: the key stays held until the result commi
 row read, ``SELECT ... FOR UPDATE`` with the result joined, would otherwise see the row's
 new version beside the result as of its older snapshot).
 
-``aaa_finish_planned`` writes the finished row's sweep hint as ``'Infinity'``
-(``lifecycle.FINISHED_HINT``), as :class:`.pg_driver._Writer` does on the other path.
+``aaa_begin_planned`` registers a call nobody registered (a message sent by name) before it
+locks the row, so that call's first ``begin`` is one round trip too; ``aaa_finish_planned``
+writes the finished row's sweep hint as ``'Infinity'`` (``lifecycle.FINISHED_HINT``), as
+:class:`.pg_driver._Writer` does on the other path.
 
-Created by schema revision ``0003`` (and with the tables of a new database), the finish
-replaced by ``0004``; a database not migrated yet lacks them, and the store then runs
+Created by schema revision ``0003`` (and with the tables of a new database), both replaced
+by ``0004``; a database not migrated yet lacks them, and the store then runs
 ``begin`` and ``finish`` in two round trips. Each revision keeps its own copy: a change here
 needs a revision that replaces the functions, or a migrated database would run the old ones
 (``tests/stores/test_schema_version.py``).
@@ -38,13 +40,16 @@ _EVENT = """
     VALUES (e_id, p_call_id, e_type, e_attempt, e_data, e_at) ON CONFLICT (event_id) DO NOTHING;
   END IF;"""
 
-#: ``begin`` for a registered call's first delivery: (lock key, call id, the spec as JSON text
-#: for a message as sent, else NULL and its name, key and whether it has no request; the
-#: claim's attempt, token, worker and sweep hint; the event's id, type, attempt, data, time,
-#: or NULLs) to (the lock was granted, the row matched and was written, the backend pid).
+#: ``begin`` for a call's first delivery: (lock key, call id, the spec as JSON text for a
+#: message as sent, else NULL and its name, key and whether it has no request; the spec as
+#: JSON text to register the call with if nobody did (NULL: the first), and when; the claim's
+#: attempt, token, worker and sweep hint; the event's id, type, attempt, data, time, or NULLs)
+#: to (the lock was granted, the row matched and was written, the backend pid). A call with no
+#: row is registered first, as ``register`` does (``pg_driver.INSERT_NEW_CALL``).
 BEGIN_PLANNED = f"""
 CREATE OR REPLACE FUNCTION aaa_begin_planned(
   p_key bigint, p_call_id varchar, p_spec text, p_name text, p_idem text, p_no_request boolean,
+  p_new text, p_now double precision,
   p_attempt integer, p_token varchar, p_worker varchar, p_hint double precision,
   e_id varchar, e_type varchar, e_attempt integer, e_data json, e_at double precision,
   OUT got boolean, OUT ok boolean, OUT pid integer)
@@ -56,6 +61,8 @@ BEGIN
   IF NOT got THEN
     RETURN;
   END IF;
+  INSERT INTO aaa_calls (call_id, spec, attempts, registered_at, recovery_until, handed_on, handed)
+  VALUES (p_call_id, coalesce(p_spec, p_new)::json, 0, p_now, 0.0, 0, 0) ON CONFLICT (call_id) DO NOTHING;
   PERFORM 1 FROM aaa_calls WHERE call_id = p_call_id FOR UPDATE;
   SELECT EXISTS (
     SELECT 1 FROM aaa_calls c

@@ -815,16 +815,19 @@ class PostgresStore(SQLRuns, SQLStore):
             return begun, isinstance(begun, Claimed)
 
         def fast(lease_token: str, now: float) -> tuple[Any, tuple[str, tuple[Any, ...]]] | None:
-            # planned for a registered call's first delivery: never claimed, no result, this spec
-            # (for a message as sent, ``lifecycle.spec_rank`` 2, which ``merge_spec`` always
-            # keeps, as JSON text; else one with this name and key that it keeps)
+            # planned for a call's first delivery: never claimed, no result, this spec (for a
+            # message as sent, ``lifecycle.spec_rank`` 2, which ``merge_spec`` always keeps, as
+            # JSON text; else one with this name and key that it keeps); a call nobody
+            # registered is registered with this spec first, as ``register`` would
             writes = self._begin_writes(CallState(), call, worker, config, now, lease_token)
             planned = self._planned(writes, call.call_id, now, True)
             if planned is None:
                 return None
             self._remember(call)
             rank = spec_rank(call)
-            expected = (dumps(call.__dict__) if rank == 2 else None, call.name, call.idempotency_key, rank == 0)
+            spec = dumps(call.__dict__)
+            expected = (spec if rank == 2 else None, call.name, call.idempotency_key, rank == 0,
+                        None if rank == 2 else spec, now)
             return planned.reply, (BEGIN_PLANNED, (call.call_id, *expected, *planned.claimed, *planned.event))
 
         with wrap_errors(self.kind, *self._errors):
