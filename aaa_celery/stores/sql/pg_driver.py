@@ -298,7 +298,8 @@ FINISH_PLANNED = ("SELECT ok, pid FROM aaa_finish_planned(%s::bigint, %s::varcha
                   " %s::json, %s::double precision, %s::varchar, %s::varchar, %s::integer, %s::json,"
                   " %s::double precision)")
 
-#: The error of a database whose schema predates the functions (not migrated to ``0003``).
+#: The error of a database whose schema predates the functions (not migrated to ``0004``,
+#: whose ``aaa_begin_planned`` takes two more arguments than ``0003``'s).
 UNDEFINED_FUNCTION = psycopg.errors.UndefinedFunction
 
 

@@ -11,14 +11,15 @@ each transaction end), and threads on one session would queue. A one-thread proc
 prefork child) uses one session until it holds the cap. ``begin`` and ``finish`` run on
 the lease's session too (:meth:`_LeaseSession.transaction`),
 in one round trip when the call is in the state they expect (as the Redis scripts
-do): Python plans with :mod:`~aaa_celery.lifecycle` for a registered call's first
-delivery (``begin``) or for this attempt being the last without a result
+do): Python plans with :mod:`~aaa_celery.lifecycle` for a call's first delivery
+(``begin``; a call nobody registered is registered by the function first) or for this
+attempt being the last without a result
 (``finish``), and sends the plan's writes to a server-side function
 (:mod:`.pg_functions`), one prepared statement, that takes the lock, locks the row,
 compares it with that state and makes the writes only if it matches (and gives a
 finish's lock back). A call in any other state wrote nothing and is decided from its
 row in a transaction of two more round trips, the lock taken by the function kept; so
-is every call on a database not migrated to the functions' schema revision (``0003``). The rest
+is every call on a database not migrated to the functions' schema revision (``0004``). The rest
 of the row work, and ``begin``/``finish`` of a thread that finds every session busy with
 ``lease_sessions`` open, run on pooled connections. The lease has no TTL:
 
@@ -343,7 +344,7 @@ class _LeaseSession:
         for, and makes the plan's writes only if it matches (, and gives a finish's lock back).
         (Whether it matched, the plan's reply, whether a begin's lock was granted), or None if
         ``fast`` has no plan to send this way, the database lacks the functions (not migrated
-        to ``0003``: remembered for this session), or the session failed (dropped, with its
+        to ``0004``: remembered for this session), or the session failed (dropped, with its
         locks: the transaction runs on a new one; a claim that landed is claimed again by its
         token)."""
         from .pg_driver import UNDEFINED_FUNCTION
