@@ -16,7 +16,7 @@ the same key's transaction lock first: the key stays held until the result commi
 row read, ``SELECT ... FOR UPDATE`` with the result joined, would otherwise see the row's
 new version beside the result as of its older snapshot).
 
-``aaa_begin_planned`` registers a call nobody registered (a message sent by name) before it
+``aaa_begin_planned`` registers a call it finds no row of (a message sent by name) and then
 locks the row, so that call's first ``begin`` is one round trip too; ``aaa_finish_planned``
 writes the finished row's sweep hint as ``'Infinity'`` (``lifecycle.FINISHED_HINT``), as
 :class:`.pg_driver._Writer` does on the other path.
@@ -61,9 +61,12 @@ BEGIN
   IF NOT got THEN
     RETURN;
   END IF;
-  INSERT INTO aaa_calls (call_id, spec, attempts, registered_at, recovery_until, handed_on, handed)
-  VALUES (p_call_id, coalesce(p_spec, p_new)::json, 0, p_now, 0.0, 0, 0) ON CONFLICT (call_id) DO NOTHING;
   PERFORM 1 FROM aaa_calls WHERE call_id = p_call_id FOR UPDATE;
+  IF NOT FOUND THEN  -- nobody registered it: as register does
+    INSERT INTO aaa_calls (call_id, spec, attempts, registered_at, recovery_until, handed_on, handed)
+    VALUES (p_call_id, coalesce(p_spec, p_new)::json, 0, p_now, 0.0, 0, 0) ON CONFLICT (call_id) DO NOTHING;
+    PERFORM 1 FROM aaa_calls WHERE call_id = p_call_id FOR UPDATE;
+  END IF;
   SELECT EXISTS (
     SELECT 1 FROM aaa_calls c
      WHERE c.call_id = p_call_id AND c.attempts = 0 AND c.lease_token IS NULL AND c.handed_on = 0

@@ -1,8 +1,8 @@
 """One round trip for more calls, and finished calls out of the recovery sweep's reads (0.2.0).
 
 - ``aaa_begin_planned`` takes two more arguments: a spec to register the call with when
-  nobody did (a message sent by name, ``app.send_task``), and when; it inserts the row as
-  ``register`` does before it locks it, so that call's first ``begin`` is one round trip, not
+  nobody did (a message sent by name, ``app.send_task``), and when; finding no row, it inserts
+  one as ``register`` does and locks it, so that call's first ``begin`` is one round trip, not
   three (PostgreSQL; the function of ``0003`` is dropped: its signature differs).
 - A row whose result is recorded keeps ``'Infinity'`` as its sweep hint
   (``lifecycle.FINISHED_HINT``) instead of no expiry, which the sweep reads as lapsed.
@@ -44,9 +44,12 @@ BEGIN
   IF NOT got THEN
     RETURN;
   END IF;
-  INSERT INTO aaa_calls (call_id, spec, attempts, registered_at, recovery_until, handed_on, handed)
-  VALUES (p_call_id, coalesce(p_spec, p_new)::json, 0, p_now, 0.0, 0, 0) ON CONFLICT (call_id) DO NOTHING;
   PERFORM 1 FROM aaa_calls WHERE call_id = p_call_id FOR UPDATE;
+  IF NOT FOUND THEN  -- nobody registered it: as register does
+    INSERT INTO aaa_calls (call_id, spec, attempts, registered_at, recovery_until, handed_on, handed)
+    VALUES (p_call_id, coalesce(p_spec, p_new)::json, 0, p_now, 0.0, 0, 0) ON CONFLICT (call_id) DO NOTHING;
+    PERFORM 1 FROM aaa_calls WHERE call_id = p_call_id FOR UPDATE;
+  END IF;
   SELECT EXISTS (
     SELECT 1 FROM aaa_calls c
      WHERE c.call_id = p_call_id AND c.attempts = 0 AND c.lease_token IS NULL AND c.handed_on = 0
