@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..config import GuardConfig, RetryPolicy
@@ -172,6 +172,9 @@ class GuardRunner:
     raise_for: Callable[[Outcome], BaseException] = error_for
     #: Asks the called system whether a lost attempt's effect happened (see ``reconcile.py``).
     reconcile: Reconcile | None = None
+    #: The outcome the store accepted from this runner's attempt, once it did (a runner runs
+    #: one delivery): a caller may then publish it elsewhere, knowing it is the call's one result.
+    accepted: Outcome | None = field(default=None, init=False)
 
     def run(self, call: CallSpec, worker: str, body: Body) -> Any:
         """One delivery of ``call`` by ``worker``: claim, run, record, answer."""
@@ -300,6 +303,7 @@ class GuardRunner:
         if not isinstance(self.finish(lease, outcome), Accepted):
             self.emit(STALE_RESULT, lease.attempt, worker=lease.worker)
             raise Dropped("a newer attempt owns the call; this result is audit only")
+        self.accepted = outcome
         extra = {} if outcome.ok else {"error": outcome.error, "message": outcome.message}
         self.emit(outcome.event_type, lease.attempt, worker=lease.worker, **extra)
         if error is not None:

@@ -28,6 +28,7 @@ from .control import REPLACED, control_for, raise_for_task
 from .events import TaskEvents
 from .install import attach
 from .options import GuardOptions, reconcile_step
+from .results import store_accepted
 from .stores import app_store
 
 log = logging.getLogger("aaa_celery.worker")
@@ -136,13 +137,16 @@ class GuardedTask(GuardOptions, _Task):
                              reconcile_step(self, args, kwargs, lambda attempt: calls.context(req, key, attempt)))
         worker = f"{req.hostname}/{os.getpid()}/{threading.get_ident()}"
         try:
-            return runner.run(call, worker, lambda attempt: self.body(args, kwargs, calls.context(req, key, attempt)))
+            value = runner.run(call, worker, lambda attempt: self.body(args, kwargs, calls.context(req, key, attempt)))
         except Dropped:
             raise Ignore() from None  # acked without a result: the call lives on in the store
         except HandBack as e:
             if req.is_eager:  # no broker to hand it back to: the caller sees the store trouble
                 raise StoreUnavailable(f"{e.reason}; an eager call is not tried again") from None
             raise Reject(e.reason, requeue=True) from None
+        if runner.accepted is not None:  # the call's one result: Celery's is written without a read
+            store_accepted(self, req, value)
+        return value
 
     def replace(self, sig: Any) -> Any:
         """``Task.replace``: the replacement's message becomes the call's, and this attempt
