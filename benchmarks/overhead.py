@@ -19,6 +19,11 @@ Method, per variant and round (interleaved A B C A B C ..., for each pool):
    guard's cost is the worker's added CPU plus the store server's.
 
 The store is a second ``redis-server``, so its commands are the guard's alone. With
+``--store redis-shared`` it is the broker's server instead (the library's default when
+``aaa_store_url`` is not set), which is also the result backend's (another database): the
+store's ``finish`` then writes Celery's result in its own script. That server keeps an
+append-only file, as a store needs, for plain and guarded alike. Its columns count that
+server's scripts only, and its CPU is the whole server's (broker, backend and store). With
 ``--store postgresql`` it is a throwaway PostgreSQL with the server's default durability
 (``fsync`` on); its columns then count server transactions (``pg_stat_database``: each
 autocommitted statement is one) instead of Redis commands, and its CPU is that of the
@@ -32,6 +37,7 @@ added CPU, the store server's added CPU, and the store round trips (worker + pub
     python benchmarks/overhead.py --body-ms 100 --calls 400   # a 100 ms (sleeping) body, the same way
     python benchmarks/overhead.py --store memory://  # diagnostic: the guard without store round trips
     python benchmarks/overhead.py --store postgresql # one store only: a durable PostgreSQL
+    python benchmarks/overhead.py --stores redis,redis-shared   # both Redis topologies
 """
 
 from __future__ import annotations
@@ -79,10 +85,14 @@ assert IN_SCRIPT, f"no redis.call in {LUA_DIR}/*.lua: round trips would count ev
 NOT_COUNTED = {"info"}  # this benchmark's own reads
 
 
-def round_trips(stats: dict[str, int]) -> int:
-    """Client round trips to the store: scripts, plus commands that never run in a script."""
+SCRIPT_CALLS = ("evalsha", "eval", "script|load")
+
+
+def round_trips(stats: dict[str, int], scripts_only: bool = False) -> int:
+    """Client round trips to the store: scripts, plus commands that never run in a script
+    (not those on a server the store shares with the broker: they are the broker's)."""
     return sum(n for cmd, n in stats.items()
-               if cmd in ("evalsha", "eval", "script|load") or (cmd not in IN_SCRIPT and cmd not in NOT_COUNTED))
+               if cmd in SCRIPT_CALLS or (not scripts_only and cmd not in IN_SCRIPT and cmd not in NOT_COUNTED))
 
 
 class PostgresStats:
@@ -118,7 +128,7 @@ def publish(app: Any, variant: str, n: int, tag: str) -> float:
 
 
 def one_round(app: Any, worker: Worker, variant: str, n: int, tag: str, broker: Any, results: Any,
-              store: Any, timeout_s: float) -> dict[str, Any]:
+              store: Any, timeout_s: float, shared: bool = False) -> dict[str, Any]:
     results.flushdb()
     store_before_publish = commandstats(store)
     publish_s = publish(app, variant, n, tag)
@@ -146,8 +156,8 @@ def one_round(app: Any, worker: Worker, variant: str, n: int, tag: str, broker: 
         "publish_per_s": n / publish_s,
         "worker_cpu_ms_per_call": cpu / n * 1e3,
         "store_server_cpu_ms_per_call": store_cpu / n * 1e3,
-        "store_cmds_per_call_drain": round_trips(store_drain) / n,
-        "store_cmds_per_call_publish": round_trips(store_publish) / n,
+        "store_cmds_per_call_drain": round_trips(store_drain, shared) / n,
+        "store_cmds_per_call_publish": round_trips(store_publish, shared) / n,
         "store_redis_commands_per_call_drain": sum(v for k, v in store_drain.items() if k not in NOT_COUNTED) / n,
         "recovery_sweeps_during_drain": store_drain.get("zrangebyscore", 0) / 2,
         "store_drain": store_drain,
@@ -167,18 +177,19 @@ def run_pool(pool: str, args: argparse.Namespace, env: dict[str, str], logdir: P
     broker = redis.Redis.from_url(env["BENCH_BROKER"])
     results = redis.Redis.from_url(env["BENCH_BACKEND"])
     store = store_stats or redis.Redis.from_url(env["BENCH_STORE_SERVER"])
+    shared = env["BENCH_STORE_SERVER"] == env["BENCH_BROKER"]
     with ExitStack() as stack:
         worker = Worker(env, kind, conc, queues=QUEUE, name=pool, log=logdir / f"worker-{pool}.log")
         stack.callback(worker.stop)
         # Warm up: the worker is consuming once a call round-trips; fills import caches.
         for variant in VARIANTS:
             one_round(app, worker, variant, min(200, args.calls), f"warm-{pool}-{variant}",
-                      broker, results, store, 60)
+                      broker, results, store, 60, shared)
         rows = []
         for r in range(args.rounds):
             for variant in args.variants:
                 row = one_round(app, worker, variant, args.calls, f"{pool}-{r}-{variant}", broker, results,
-                                store, args.timeout)
+                                store, args.timeout, shared)
                 row.update(pool=pool, round=r)
                 print(f"  {pool:8} round {r} {variant:8} {row['per_s']:7.0f} calls/s  "
                       f"worker CPU {row['worker_cpu_ms_per_call']:.3f} ms/call  "
@@ -266,7 +277,7 @@ def cost_table(rows: list[list[Any]], body_ms: float) -> str:
 
 QUICK = "200 calls (40 with --body-ms 100), 1 round, both pools, Redis and PostgreSQL"
 #: --stores names: the store URL each passes to a run of its own.
-STORES = {"redis": "", "postgresql": "postgresql"}
+STORES = {"redis": "", "redis-shared": "redis-shared", "postgresql": "postgresql"}
 
 
 def run_stores(args: argparse.Namespace) -> int:
@@ -313,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stores", default="redis,postgresql",
                     help="stores measured one after the other, then one added-cost table "
                          "(default %(default)s): redis is a second redis-server, postgresql a durable PostgreSQL")
-    ap.add_argument("--store", default="", help="one store only: redis, postgresql, or a store URL; "
+    ap.add_argument("--store", default="", help="one store only: redis, redis-shared (on the broker's "
+                    "and result backend's server, the default topology), postgresql, or a store URL; "
                     "memory:// (one store per process, no fleet-wide guarantee) shows what the guard costs "
                     "without its store round trips")
     ap.add_argument("--body-ms", type=float, default=0.0,
@@ -330,15 +342,19 @@ def main(argv: list[str] | None = None) -> int:
     pools = args.pools.split(",")
     logdir = Path(tempfile.mkdtemp(prefix="aaa-bench-overhead-"))
     rows = []
-    kind = "postgresql" if args.store == "postgresql" else (args.store.partition(":")[0] or "redis")
+    shared = args.store == "redis-shared"
+    kind = args.store if args.store in ("postgresql", "redis-shared") else (args.store.partition(":")[0] or "redis")
     with ExitStack() as stack:
-        broker_srv = stack.enter_context(redis_server(appendonly=False))
+        # shared: one server with the store's durability (an append-only file), as a store needs
+        broker_srv = stack.enter_context(redis_server() if shared else redis_server(appendonly=False))
         store_srv = stack.enter_context(redis_server())
         store_stats = None
         if args.store == "postgresql":
             pg = DurablePostgres.start()
             stack.callback(pg.stop)
             store_stats, args.store = PostgresStats(pg), pg.url
+        if shared:
+            args.store, store_srv = broker_srv.url, broker_srv
         env = {"BENCH_BROKER": broker_srv.url, "BENCH_BACKEND": broker_srv.url[:-1] + "1",
                "BENCH_STORE": args.store or store_srv.url, "BENCH_STORE_SERVER": store_srv.url,
                "BENCH_QUEUE": QUEUE, "BENCH_BODY_MS": str(args.body_ms)}

@@ -49,7 +49,7 @@ from ..lifecycle import (
     Refused,
     lapsed,
 )
-from ..stores.base import Store, new_token
+from ..stores.base import ResultCopy, Store, new_token
 from .lease import AttemptLease
 from .reconcile import RECONCILE_TIMEOUT_S, Reconcile, reconcile_lost
 from .watchdog import BodyTimedOut, LeaseCancelled, Watchdog
@@ -172,9 +172,14 @@ class GuardRunner:
     raise_for: Callable[[Outcome], BaseException] = error_for
     #: Asks the called system whether a lost attempt's effect happened (see ``reconcile.py``).
     reconcile: Reconcile | None = None
+    #: A copy of a success for the store to write with it, if it can (:class:`ResultCopy`),
+    #: made from the body's value; None, or a function that returns None: no copy.
+    copy_result: Callable[[Any], ResultCopy | None] | None = None
     #: The outcome the store accepted from this runner's attempt, once it did (a runner runs
     #: one delivery): a caller may then publish it elsewhere, knowing it is the call's one result.
     accepted: Outcome | None = field(default=None, init=False)
+    #: The copy sent with the accepted success, if any: ``written`` says whether the store wrote it.
+    copy: ResultCopy | None = field(default=None, init=False)
 
     def run(self, call: CallSpec, worker: str, body: Body) -> Any:
         """One delivery of ``call`` by ``worker``: claim, run, record, answer."""
@@ -285,6 +290,8 @@ class GuardRunner:
             outcome = self._success(call, value, lease.attempt)
             if not outcome.ok:
                 error = TypeError(outcome.message)
+            elif self.copy_result is not None:
+                self.copy = self.copy_result(value)
         except (LeaseCancelled, LeaseLost) as e:
             unproved = watchdog.lost_cause == STORE_UNREACHABLE or (isinstance(e, LeaseLost) and not watchdog.lost)
             self._fenced(call, lease, STORE_UNREACHABLE if unproved else None)
@@ -300,7 +307,8 @@ class GuardRunner:
                 raise
             error = e
             outcome = Outcome.failure(type(e).__name__, str(e), lease.attempt)
-        if not isinstance(self.finish(lease, outcome), Accepted):
+        if not isinstance(self.finish(lease, outcome, self.copy), Accepted):
+            self.copy = None
             self.emit(STALE_RESULT, lease.attempt, worker=lease.worker)
             raise Dropped("a newer attempt owns the call; this result is audit only")
         self.accepted = outcome
@@ -335,7 +343,7 @@ class GuardRunner:
                        f"cannot be serialized for the result store: {e}")
             return Outcome.failure("TypeError", message, attempt)
 
-    def finish(self, lease: Lease, outcome: Outcome) -> Any:
+    def finish(self, lease: Lease, outcome: Outcome, copy: ResultCopy | None = None) -> Any:
         """Record the outcome, retrying with backoff while the store is unreachable (the
         lease is renewed meanwhile). Each try starts its delay after the previous one
         started: a try that waited out a socket timeout is followed at once, so a store
@@ -346,7 +354,9 @@ class GuardRunner:
         while True:
             started = time.monotonic()
             try:
-                return self.store.finish(lease, outcome, self.config)
+                if copy is None:  # a store written for 0.1 takes no copy
+                    return self.store.finish(lease, outcome, self.config)
+                return self.store.finish(lease, outcome, self.config, copy)
             except Exception as e:  # noqa: BLE001 - any store error (READONLY, OOM, ...) is store trouble
                 _log_trouble("finish", lease.call_id, e)
                 if delays is None:

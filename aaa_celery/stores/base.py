@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,6 +65,28 @@ def new_token() -> str:
         digits = os.urandom(16 * _TOKENS_PER_DRAW).hex()
         left.extend(digits[i:i + 32] for i in range(0, len(digits), 32))
     return left.pop()
+
+
+@dataclass
+class ResultCopy:
+    """A copy of a call's accepted success for a store to write in the same step, where it
+    can: Celery's result of the call, which a Redis store on the result backend's own server
+    writes with the result (``SET`` with the backend's expiry, then ``PUBLISH`` on the key),
+    saving the worker a round trip. A store that does not write it leaves ``written`` False,
+    and the worker writes it itself.
+
+    ``server`` is where the copy goes, as redis-py's connection parameters name it (Celery's
+    ``RedisBackend.connparams``: ``host``, ``port`` or ``path``, ``username``, ``password``,
+    ``connection_class``, ``db``); None when no store may write it.
+    """
+
+    key: str | bytes
+    value: str | bytes
+    #: Seconds the copy is kept (None: for good).
+    ttl_s: int | None
+    server: Mapping[str, Any] | None
+    #: Set by the store that wrote the copy with the accepted result.
+    written: bool = False
 
 
 @dataclass(frozen=True)
@@ -167,12 +189,17 @@ class CallStore(abc.ABC):
         """Extend the lease by its TTL; False if this lease no longer holds the call."""
 
     @abc.abstractmethod
-    def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
+    def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig,
+               copy: ResultCopy | None = None) -> FinishResult:
         """Record ``outcome`` as the call's result, first writer wins, and free the lease.
 
         With ``config.fence_results`` a result from an attempt that a newer one
         superseded is kept only as an ``aaa.tool.stale_result`` event. Retrying a
         ``finish`` whose first write landed returns ``Accepted`` and writes nothing.
+
+        ``copy`` (a success only): a write to make with the accepted result in the same step,
+        if this store can (it then sets ``copy.written``); any store may ignore it. Callers
+        pass it only when it is there, so a store written for 0.1 keeps its signature.
         """
 
     @abc.abstractmethod

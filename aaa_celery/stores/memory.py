@@ -42,7 +42,7 @@ from ..lifecycle import (
     purgeable,
 )
 from ._writes import CallWriter, apply
-from .base import Store, new_token
+from .base import ResultCopy, Store, new_token
 from .budgets import check_spend
 from .ops import CallRecord
 from .runs_memory import DEFAULT_RUN_RETENTION, MemoryRuns
@@ -164,7 +164,8 @@ class MemoryStore(MemoryRuns, Store):
             rec.lease = replace(rec.lease, expires_at=now + lease.ttl_s)
             return True
 
-    def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
+    def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig,
+               copy: ResultCopy | None = None) -> FinishResult:
         with self._lock:
             now = self.now()
             rec = self._call(CallSpec(lease.call_id))

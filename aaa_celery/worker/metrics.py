@@ -67,7 +67,7 @@ from ..lifecycle import (
     Lease,
     Outcome,
 )
-from ..stores.base import Store
+from ..stores.base import ResultCopy, Store
 from .setting_names import spelled
 from .stores import app_store, use_store
 
@@ -292,9 +292,12 @@ class MeteredStore(Store):
             if not ok:
                 _safely(lambda: self.metrics.renew_failures.labels(hostname=self.hostname).inc())
 
-    def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
+    def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig,
+               copy: ResultCopy | None = None) -> FinishResult:
         self._forget(lease)
-        return self._timed("finish", self.inner.finish, lease, outcome, config)  # type: ignore[no-any-return]
+        if copy is None:  # an inner store written for 0.1 takes no copy
+            return self._timed("finish", self.inner.finish, lease, outcome, config)  # type: ignore[no-any-return]
+        return self._timed("finish", self.inner.finish, lease, outcome, config, copy)  # type: ignore[no-any-return]
 
     def release(self, lease: Lease) -> None:
         self._forget(lease)

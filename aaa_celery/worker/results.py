@@ -16,20 +16,32 @@ result Celery would store (no ``ignore_result``), without link callbacks or a ch
 sends those before it stores the result, so that the result names them as children) and
 outside a chord, on a backend whose result writing is ``KeyValueStoreBackend``'s own. In every
 other case, and whenever the write raises, Celery stores the result itself, as for any task.
+
+**With the result.** Celery's result is made (Celery's own encoding, key and expiry) before
+``finish`` and goes with it as a :class:`~aaa_celery.stores.base.ResultCopy`. A Redis store on
+the server of Celery's plain Redis backend (the default: the store is on the broker's server,
+and so is the backend, often) writes it in ``finish``'s own script, once it accepted the
+success: one round trip for both, as many as plain Celery's worker makes for its result.
+Otherwise the worker writes it after ``finish``, as above.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery import states
 from celery.backends.base import Backend, BaseKeyValueStoreBackend
+from celery.backends.redis import RedisBackend  # redis-py is this package's dependency
 from kombu.utils.encoding import bytes_to_str
+
+from ..stores.base import ResultCopy
 
 log = logging.getLogger("aaa_celery.worker")
 
 _FAST: dict[type, bool] = {}
+_REDIS: dict[type, bool] = {}
 #: The key-value backends' result write this module stands in for (None: a Celery without it).
 _KV_STORE_RESULT = getattr(BaseKeyValueStoreBackend, "_store_result", None)
 
@@ -59,20 +71,57 @@ def _celery_would_store(task: Any, req: Any) -> bool:
     return not (req.__dict__.get("ignore_result") or task.ignore_result)
 
 
-def store_accepted(task: Any, req: Any, value: Any) -> None:
-    """Write Celery's SUCCESS result ``value`` of ``req`` (a guarded call whose result the store
-    accepted) without reading it first, where :mod:`this module <aaa_celery.worker.results>`
-    says that is Celery's own write; else leave it to Celery."""
+def _writes_as_redis(backend: Any) -> bool:
+    """Whether ``backend`` is Celery's plain Redis backend, writing a result with ``SET``
+    (with its ``expires``) and ``PUBLISH`` on one server: then a store on that server may
+    write the copy for it (not Sentinel, whose server changes with a failover)."""
+    cls = type(backend)
+    fast = _REDIS.get(cls)
+    if fast is None:
+        fast = _REDIS[cls] = isinstance(backend, RedisBackend) and all(
+            getattr(cls, name, None) is getattr(RedisBackend, name, False)
+            for name in ("_set_with_state", "set", "_set", "_get_pool", "_create_client", "get_key_for_task"))
+    return fast
+
+
+def result_copy(task: Any, req: Any) -> Callable[[Any], ResultCopy | None] | None:
+    """How to make Celery's SUCCESS result of ``req`` from the body's value, for the store to
+    write with the accepted success (:class:`~aaa_celery.stores.base.ResultCopy`), or None
+    where Celery writes the result itself (see :mod:`this module <aaa_celery.worker.results>`)."""
     backend = task.backend
     if not (_celery_would_store(task, req) and _writes_as_key_value(backend)):
-        return
-    task_id = req.id
+        return None
+    return lambda value: _copy(backend, req, value)
+
+
+def _copy(backend: Any, req: Any, value: Any) -> ResultCopy | None:
+    """Celery's result as its backend would write it; None (Celery writes it) if that raises.
+    The copy names the backend's server only for a plain Redis backend and a value it takes."""
     try:
         result = backend.encode_result(value, states.SUCCESS)
         meta = backend._get_result_meta(result=result, state=states.SUCCESS, traceback=None, request=req)
-        meta["task_id"] = bytes_to_str(task_id)
-        backend._set_with_state(backend.get_key_for_task(task_id), backend.encode(meta), states.SUCCESS)
+        meta["task_id"] = bytes_to_str(req.id)
+        encoded = backend.encode(meta)
+        key = backend.get_key_for_task(req.id)
     except Exception as e:  # noqa: BLE001 - Celery's own write (and its error handling) follows
-        log.debug("aaa: Celery's result of %s left to Celery: %r", task_id, e)
+        log.debug("aaa: Celery's result of %s left to Celery: %r", req.id, e)
+        return None
+    server = None
+    if _writes_as_redis(backend) and not (isinstance(encoded, str) and len(encoded) > backend._MAX_STR_VALUE_SIZE):
+        server = backend.connparams
+    return ResultCopy(key, encoded, backend.expires or None, server)
+
+
+def store_accepted(task: Any, req: Any, copy: ResultCopy | None) -> None:
+    """Celery's result of ``req``, a guarded call whose success the store accepted with
+    ``copy``: written already by the store, else now by its backend without the read; either
+    way Celery's trace then leaves it be. Nothing if there is no copy: Celery writes it."""
+    if copy is None:
         return
+    if not copy.written:
+        try:
+            task.backend._set_with_state(copy.key, copy.value, states.SUCCESS)
+        except Exception as e:  # noqa: BLE001 - Celery's own write (and its error handling) follows
+            log.debug("aaa: Celery's result of %s left to Celery: %r", req.id, e)
+            return
     req.ignore_result = True

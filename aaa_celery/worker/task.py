@@ -28,7 +28,7 @@ from .control import REPLACED, control_for, raise_for_task
 from .events import TaskEvents
 from .install import attach
 from .options import GuardOptions, reconcile_step
-from .results import store_accepted
+from .results import result_copy, store_accepted
 from .stores import app_store
 
 log = logging.getLogger("aaa_celery.worker")
@@ -134,7 +134,8 @@ class GuardedTask(GuardOptions, _Task):
         runner = GuardRunner(app_store(self.app), config, self.timeout_s, type(self).result_retry,
                              TaskEvents(self, self.audit_name or self.name), result_codec(config.max_result_bytes),
                              control_for(req), raise_for_task(self, call_id),
-                             reconcile_step(self, args, kwargs, lambda attempt: calls.context(req, key, attempt)))
+                             reconcile_step(self, args, kwargs, lambda attempt: calls.context(req, key, attempt)),
+                             copy_result=result_copy(self, req))
         worker = f"{req.hostname}/{os.getpid()}/{threading.get_ident()}"
         try:
             value = runner.run(call, worker, lambda attempt: self.body(args, kwargs, calls.context(req, key, attempt)))
@@ -144,8 +145,8 @@ class GuardedTask(GuardOptions, _Task):
             if req.is_eager:  # no broker to hand it back to: the caller sees the store trouble
                 raise StoreUnavailable(f"{e.reason}; an eager call is not tried again") from None
             raise Reject(e.reason, requeue=True) from None
-        if runner.accepted is not None:  # the call's one result: Celery's is written without a read
-            store_accepted(self, req, value)
+        if runner.copy is not None:  # the call's one result: Celery's is written without a read
+            store_accepted(self, req, runner.copy)
         return value
 
     def replace(self, sig: Any) -> Any:

@@ -15,7 +15,7 @@ import socket
 import struct
 import threading
 from importlib import resources
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis
@@ -48,6 +48,19 @@ def lua(name: str) -> str:
 def ms(seconds: float) -> int:
     """Whole milliseconds, at least 1 (Redis TTLs and scores are in ms)."""
     return max(1, round(seconds * 1000))
+
+
+def server_of(params: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Which server a client with redis-py connection parameters ``params`` reaches, and as
+    whom: its TCP address (TLS or not) or Unix socket, and its user and password. The same
+    from a store's connection pool and from Celery's ``RedisBackend.connparams``."""
+    cls = params.get("connection_class") or redis.Connection
+    if params.get("path"):
+        where: tuple[Any, ...] = ("unix", params["path"])
+    else:
+        tls = isinstance(cls, type) and issubclass(cls, redis.SSLConnection)
+        where = ("tls" if tls else "tcp", params.get("host") or "localhost", int(params.get("port") or 6379))
+    return (*where, params.get("username") or None, params.get("password") or None)
 
 
 try:  # hiredis (a dependency) packs a command in C; redis-py's own packer is the fallback

@@ -103,13 +103,15 @@ from ...lifecycle import (
     retried_event,
     spec_rank,
 )
-from ..base import Store, StoreVersion, new_token, wrap_errors
+from ..base import ResultCopy, Store, StoreVersion, new_token, wrap_errors
 from ..budgets import check_spend
 from ..ops import CallRecord
-from .client import CLUSTER_SCHEMES, CONNECT_ERRORS, ERRORS, SOCKET_TIMEOUT_S, evalsha, lua, ms
+from .client import CLUSTER_SCHEMES, CONNECT_ERRORS, ERRORS, SOCKET_TIMEOUT_S, evalsha, lua, ms, server_of
 from . import format_version
 from .runs import RedisRuns
 
+#: ``finish.lua``'s copy arguments when there is no copy to write.
+_NO_COPY = ["", "", ""]
 _SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "hand_on", "register", "claim_recovery", "record",
             "checkpoint")
 _CALL_KEYS = ("spec", "attempts", "result", "lease", "events")
@@ -209,6 +211,8 @@ class RedisStore(RedisRuns, Store):
         self._tags = [f"{key_prefix}:{{{key_prefix}:{n}}}" for n in range(shards)]
         self._indexes = [[f"{tag}:{name}" for name in _INDEXES] for tag in self._tags]
         self._client: Any = None
+        #: The server this store's client reaches (:func:`.client.server_of`); None on a cluster.
+        self._server: tuple[Any, ...] | None = None
         self._scripts: dict[str, Any] = {}
         self._specs: OrderedDict[str, CallSpec] = OrderedDict()
         self._specs_lock = threading.Lock()
@@ -238,6 +242,9 @@ class RedisStore(RedisRuns, Store):
         client = connect()
         prelude = lua("_lib")
         self._scripts = {n: client.register_script(prelude + lua(n)) for n in _SCRIPTS}
+        if not self.cluster:
+            pool = client.connection_pool
+            self._server = server_of({**pool.connection_kwargs, "connection_class": pool.connection_class})
         self._client = client
         return client
 
@@ -288,8 +295,9 @@ class RedisStore(RedisRuns, Store):
         keys.append(f"{self._tags[shard]}:calls")  # the shard's time index (stores/ops.py)
         return keys
 
-    def _run(self, script: str, call_id: str, *args: Any) -> Any:
+    def _run(self, script: str, call_id: str, *args: Any, more_keys: tuple[Any, ...] = ()) -> Any:
         keys = self._keys(call_id)
+        keys.extend(more_keys)
         with wrap_errors(self.kind, *ERRORS):
             client = self._redis
             if self.cluster:
@@ -361,17 +369,25 @@ class RedisStore(RedisRuns, Store):
     def renew(self, lease: Lease) -> bool:
         return bool(self._run("renew", lease.call_id, lease.token, ms(lease.ttl_s)))
 
-    def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
+    def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig,
+               copy: ResultCopy | None = None) -> FinishResult:
         spec = self._known_spec(lease.call_id) or CallSpec(lease.call_id)
         state, raw = CallState(lease.attempt), ""  # the common case: this attempt is the last, no result
         bare = _json(CallSpec(lease.call_id))
+        copy_args, copy_key = self._copy_args(copy if outcome.ok else None)
         for _ in range(_TRIES):
             writes = plan_finish(state, spec, lease, outcome, config)
             if writes.record is None and writes.event is None:
                 break  # this very outcome is recorded already
-            reply = self._run("finish", lease.call_id, bare, raw, state.attempts, spec.name,
-                              *_pack(writes, state, self.retention_s))
+            # the copy goes only with the outcome accepted as the call's result
+            accepting = isinstance(writes.reply, Accepted) and writes.record is not None
+            copying, keys = (copy_args, copy_key) if accepting else (_NO_COPY, ())
+            reply = self._run("finish", lease.call_id, bare, raw, state.attempts, spec.name, *copying,
+                              *_pack(writes, state, self.retention_s), more_keys=keys)
             if reply[0] == 1:
+                if keys and reply[1:] == [1]:
+                    assert copy is not None
+                    copy.written = True
                 break
             _, result, attempts, name = reply
             raw = result or ""
@@ -384,6 +400,14 @@ class RedisStore(RedisRuns, Store):
         finished = writes.reply
         assert isinstance(finished, (Accepted, Stale))
         return finished
+
+    def _copy_args(self, copy: ResultCopy | None) -> tuple[list[Any], tuple[Any, ...]]:
+        """``finish.lua``'s copy arguments (db, value, TTL) and key: none unless the copy goes
+        to this store's own server, as the same user (its database may differ)."""
+        server = self._server
+        if copy is None or copy.server is None or server is None or server_of(copy.server) != server:
+            return _NO_COPY, ()
+        return [int(copy.server.get("db") or 0), copy.value, copy.ttl_s or 0], (copy.key,)
 
     def release(self, lease: Lease) -> None:
         self._run("release", lease.call_id, lease.token)

@@ -86,7 +86,7 @@ from ...errors import ConfigError, StoreUnavailable, UnsafeDeployment
 from ...lifecycle import (Accepted, BeginResult, CallSpec, CallState, Claimed, FinishResult, Lease, Outcome, Writes,
                           plan_finish, spec_rank, sweep_hint)
 from .._writes import apply
-from ..base import new_token, wrap_errors
+from ..base import ResultCopy, new_token, wrap_errors
 from .runs import SQLRuns
 from . import versions
 from .store import SQLStore, _outcome, call_state, lapsed_event
@@ -890,7 +890,8 @@ class PostgresStore(SQLRuns, SQLStore):
         with self._names_lock:
             return self._names.pop(call_id, None)
 
-    def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
+    def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig,
+               copy: ResultCopy | None = None) -> FinishResult:
         """Record the outcome (:meth:`SQLStore.finish`). When a lease session of this process holds
         the lease and no other thread is using it, the transaction runs there and its
         ``COMMIT`` query gives the lock back; else on a pooled connection, then the unlock."""

@@ -54,7 +54,7 @@ from ...lifecycle import (
     PURGED,
 )
 from .._writes import CallWriter, apply
-from ..base import Store, StoreVersion
+from ..base import ResultCopy, Store, StoreVersion
 from ..budgets import check_spend
 from ..ops import CallRecord
 from .queries import (
@@ -286,7 +286,8 @@ class SQLStore(Store):
 
     # The Store interface.
 
-    def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
+    def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig,
+               copy: ResultCopy | None = None) -> FinishResult:
         """Record the outcome (see :meth:`Store.finish`). What the backend holds for the
         lease (PostgreSQL: the lock) is kept when the store cannot be reached, so that the
         lease lives on while the caller retries; it is freed once the result is written
