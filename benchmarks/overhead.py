@@ -32,7 +32,7 @@ server's processes.
 Each run ends with one table of the added cost per call, per store and pool: the worker's
 added CPU, the store server's added CPU, and the store round trips (worker + publish).
 
-    python benchmarks/overhead.py                    # Redis then PostgreSQL: 5000 calls, 3 rounds, both pools
+    python benchmarks/overhead.py                    # Redis (both topologies) then PostgreSQL: 5000 calls, 3 rounds, both pools
     python benchmarks/overhead.py --quick            # < 60 s smoke run, both stores and pools
     python benchmarks/overhead.py --body-ms 100 --calls 400   # a 100 ms (sleeping) body, the same way
     python benchmarks/overhead.py --store memory://  # diagnostic: the guard without store round trips
@@ -275,7 +275,7 @@ def cost_table(rows: list[list[Any]], body_ms: float) -> str:
                  "PostgreSQL: server transactions)")
 
 
-QUICK = "200 calls (40 with --body-ms 100), 1 round, both pools, Redis and PostgreSQL"
+QUICK = "200 calls (40 with --body-ms 100), 1 round, both pools, Redis (both topologies) and PostgreSQL"
 #: --stores names: the store URL each passes to a run of its own.
 STORES = {"redis": "", "redis-shared": "redis-shared", "postgresql": "postgresql"}
 
@@ -321,9 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pools", default="prefork,threads", help="prefork (-c 2), threads (-c 8)")
     ap.add_argument("--variants", default="plain,guarded,tool", help="default %(default)s")
     ap.add_argument("--timeout", type=float, default=300, help="max seconds per drain (default %(default)s)")
-    ap.add_argument("--stores", default="redis,postgresql",
+    ap.add_argument("--stores", default="redis,redis-shared,postgresql",
                     help="stores measured one after the other, then one added-cost table "
-                         "(default %(default)s): redis is a second redis-server, postgresql a durable PostgreSQL")
+                         "(default %(default)s): redis is a second redis-server, redis-shared the broker's "
+                         "and result backend's server, postgresql a durable PostgreSQL")
     ap.add_argument("--store", default="", help="one store only: redis, redis-shared (on the broker's "
                     "and result backend's server, the default topology), postgresql, or a store URL; "
                     "memory:// (one store per process, no fleet-wide guarantee) shows what the guard costs "
