@@ -173,12 +173,12 @@ class GuardRunner:
     #: Asks the called system whether a lost attempt's effect happened (see ``reconcile.py``).
     reconcile: Reconcile | None = None
     #: A copy of a success for the store to write with it, if it can (:class:`ResultCopy`),
-    #: made from the body's value; None, or a function that returns None: no copy.
+    #: made from the body's value; None, or a function that returns None: no copy. It never
+    #: raises (an error there is not the call's).
     copy_result: Callable[[Any], ResultCopy | None] | None = None
-    #: The outcome the store accepted from this runner's attempt, once it did (a runner runs
-    #: one delivery): a caller may then publish it elsewhere, knowing it is the call's one result.
-    accepted: Outcome | None = field(default=None, init=False)
-    #: The copy sent with the accepted success, if any: ``written`` says whether the store wrote it.
+    #: The copy sent with the success the store accepted from this runner's attempt (a runner
+    #: runs one delivery), once it did: the call's one result, so a caller may write the copy
+    #: itself if the store did not (``written``). None for any other ending.
     copy: ResultCopy | None = field(default=None, init=False)
 
     def run(self, call: CallSpec, worker: str, body: Body) -> Any:
@@ -290,8 +290,6 @@ class GuardRunner:
             outcome = self._success(call, value, lease.attempt)
             if not outcome.ok:
                 error = TypeError(outcome.message)
-            elif self.copy_result is not None:
-                self.copy = self.copy_result(value)
         except (LeaseCancelled, LeaseLost) as e:
             unproved = watchdog.lost_cause == STORE_UNREACHABLE or (isinstance(e, LeaseLost) and not watchdog.lost)
             self._fenced(call, lease, STORE_UNREACHABLE if unproved else None)
@@ -307,11 +305,11 @@ class GuardRunner:
                 raise
             error = e
             outcome = Outcome.failure(type(e).__name__, str(e), lease.attempt)
-        if not isinstance(self.finish(lease, outcome, self.copy), Accepted):
-            self.copy = None
+        copy = self.copy_result(value) if outcome.ok and self.copy_result is not None else None
+        if not isinstance(self.finish(lease, outcome, copy), Accepted):
             self.emit(STALE_RESULT, lease.attempt, worker=lease.worker)
             raise Dropped("a newer attempt owns the call; this result is audit only")
-        self.accepted = outcome
+        self.copy = copy
         extra = {} if outcome.ok else {"error": outcome.error, "message": outcome.message}
         self.emit(outcome.event_type, lease.attempt, worker=lease.worker, **extra)
         if error is not None:
