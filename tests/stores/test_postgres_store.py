@@ -367,6 +367,28 @@ def test_register_begin_and_finish_each_take_one_transaction_and_few_round_trips
     assert advisory_locks_on(store, call.call_id) == 0
 
 
+def test_statements_deallocated_on_the_store_s_connections_are_prepared_again(stores):
+    # The hot path keeps its own prepared statements (pg_driver.fetch_prepared); psycopg sends
+    # DEALLOCATE ALL after a rollback once it prepared statements of its own, and a pooler's
+    # reset does too. Red first with the names remembered and never prepared again:
+    # "prepared statement ... does not exist" (tests/stores/test_differential.py found it).
+    store, cfg = stores(), GuardConfig()
+    for _ in range(2):
+        store.register(warm := new_call())
+        store.finish(claim(store, warm, "A", cfg).lease, Outcome.success(0), cfg)
+    session = store._sessions.sessions[0].conn.connection.driver_connection
+    session.execute("DEALLOCATE ALL")
+    with store.engine.connect() as conn:  # the pooled connection register takes
+        conn.connection.driver_connection.execute("DEALLOCATE ALL")
+    call = new_call()
+    store.register(call)
+    lease = claim(store, call, "A", cfg).lease
+    assert store.renew(lease) is True
+    assert isinstance(store.finish(lease, Outcome.success(1), cfg), Accepted)
+    assert store.result(call.call_id).value == 1
+    assert advisory_locks_on(store, call.call_id) == 0
+
+
 def test_the_first_begin_of_a_call_nobody_registered_is_one_statement_too(stores, tmp_path):
     # A message sent by name (app.send_task, or aaa_register_on_publish=False) reaches its
     # worker unregistered: its first begin found no row for aaa_begin_planned to check, then

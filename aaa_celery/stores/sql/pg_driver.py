@@ -21,13 +21,17 @@ the state the call is expected in (:class:`Planned`), made only if the row is in
 
 from __future__ import annotations
 
+import hashlib
 import json
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
 import psycopg
+from psycopg import generators, pq
+from psycopg.adapt import PyFormat, Transformer
 from psycopg.rows import namedtuple_row
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import Pool, PoolProxiedConnection
@@ -120,10 +124,86 @@ SESSION_PID = "SELECT true, pg_backend_pid()"
 dumps = json.dumps  # what SQLAlchemy's JSON columns write
 
 
+class _Prepared:
+    """What :func:`fetch_prepared` keeps per connection: psycopg's adapter of its values, and
+    the statements prepared on it."""
+
+    __slots__ = ("names", "transformer")
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.transformer = Transformer.from_context(conn)
+        self.names: set[bytes] = set()
+
+
+_PREPARED: weakref.WeakKeyDictionary[psycopg.Connection[Any], _Prepared] = weakref.WeakKeyDictionary()
+_FORMS: dict[str, tuple[bytes, bytes]] = {}
+
+
+def _form(statement: str) -> tuple[bytes, bytes]:
+    """The name ``statement`` is prepared under, and its text with ``$n`` parameters."""
+    form = _FORMS.get(statement)
+    if form is None:
+        assert "%%" not in statement and "%(" not in statement, statement
+        parts = statement.split("%s")
+        text = parts[0] + "".join(f"${n}{part}" for n, part in enumerate(parts[1:], 1))
+        name = "aaa_" + hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:16]
+        form = _FORMS[statement] = (name.encode(), text.encode())
+    return form
+
+
+def fetch_prepared(conn: psycopg.Connection[Any], statement: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Run ``statement`` (``%s`` parameters) on ``conn`` as a prepared statement and return its
+    first row (None if it has none), as ``conn.execute(statement, params, prepare=True)
+    .fetchone()`` would, in one round trip once prepared.
+
+    It takes psycopg's parts below its cursor (the adapters, libpq's extended protocol and
+    psycopg's own wait): about half the client CPU of ``execute`` per statement, which is
+    most of what a call's ``begin`` and ``finish`` cost the worker on this store
+    (``benchmarks/RESULTS.md``, session 11). Errors are psycopg's, as ``execute`` raises them.
+    Only on an autocommit connection: on another, psycopg's ``execute`` opens the transaction."""
+    if not conn.autocommit:
+        row: tuple[Any, ...] | None = conn.execute(statement, params, prepare=True).fetchone()
+        return row
+    state = _PREPARED.get(conn)
+    if state is None:
+        state = _PREPARED[conn] = _Prepared(conn)
+    pgconn, tx = conn.pgconn, state.transformer
+    name, text = _form(statement)
+    values = tx.dump_sequence(params, [PyFormat.TEXT] * len(params))
+    for last in (False, True):
+        if name not in state.names:
+            pgconn.send_prepare(name, text)
+            _result(conn, conn.wait(generators.execute(pgconn)), pq.ExecStatus.COMMAND_OK)
+            state.names.add(name)
+        pgconn.send_query_prepared(name, values)
+        try:
+            result = _result(conn, conn.wait(generators.execute(pgconn)), pq.ExecStatus.TUPLES_OK)
+            break
+        except psycopg.errors.InvalidSqlStatementName:
+            # Gone with a DEALLOCATE ALL (psycopg sends one after a rollback, for its own
+            # prepared statements) or a pooler's reset; refused before it ran: prepare again.
+            state.names.clear()
+            if last:
+                raise
+    if not result.ntuples:
+        return None
+    tx.set_pgresult(result)
+    return tx.load_row(0, tuple)
+
+
+def _result(conn: psycopg.Connection[Any], results: list[pq.abc.PGresult], expected: pq.ExecStatus) -> pq.abc.PGresult:
+    result = results[-1]
+    if result.status != expected:
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            raise psycopg.errors.error_from_result(result, encoding=conn.info.encoding)
+        raise psycopg.InterfaceError(f"unexpected result status {pq.ExecStatus(result.status).name}")
+    return result
+
+
 def session_run(conn: Any, statement: str, params: tuple[Any, ...]) -> tuple[Any, int]:
     """Run one lease-session statement on ``conn`` (a psycopg connection) as a prepared
     statement: (its answer, the backend pid)."""
-    row = conn.execute(statement, params, prepare=True).fetchone()
+    row = fetch_prepared(conn, statement, params)
     assert row is not None
     return row[0], row[1]
 
@@ -257,7 +337,7 @@ def autocommit(pool: Pool, proxy: PoolProxiedConnection, statement: str, params:
     conn: psycopg.Connection[Any] = proxy.driver_connection  # type: ignore[assignment]
     try:
         conn.autocommit = True
-        row = conn.execute(statement, params, prepare=True).fetchone()
+        row = fetch_prepared(conn, statement, params)
         conn.autocommit = False
     except BaseException as e:
         drop(pool, proxy, e)

@@ -347,7 +347,7 @@ class _LeaseSession:
         to ``0004``: remembered for this session), or the session failed (dropped, with its
         locks: the transaction runs on a new one; a claim that landed is claimed again by its
         token)."""
-        from .pg_driver import UNDEFINED_FUNCTION
+        from .pg_driver import UNDEFINED_FUNCTION, fetch_prepared
 
         if not self.planned:
             return None
@@ -362,7 +362,8 @@ class _LeaseSession:
             return None
         reply, (statement, params) = planned
         try:
-            row = driver.execute(statement, (key, *params), prepare=True).fetchone()
+            row = fetch_prepared(driver, statement, (key, *params))
+            assert row is not None  # a function's call: one row
         except UNDEFINED_FUNCTION:
             self.planned = False  # autocommitted: the failed statement took no lock
             return None
