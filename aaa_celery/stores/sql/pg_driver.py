@@ -26,7 +26,6 @@ import json
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from typing import Any
 
 import psycopg
@@ -122,6 +121,13 @@ RENEW_OWN_LEASE = (
 SESSION_PID = "SELECT true, pg_backend_pid()"
 
 dumps = json.dumps  # what SQLAlchemy's JSON columns write
+
+
+def outcome_json(outcome: Outcome) -> str:
+    """An outcome as :func:`.queries.insert_result` writes it (``json.dumps`` of its fields), the
+    same text: an outcome's fields hold JSON data only (the Redis store writes them as they
+    are), so ``dataclasses.asdict``'s deep copy (~6 µs a ``finish``) buys nothing."""
+    return dumps(outcome.__dict__)
 
 
 class _Prepared:
@@ -223,7 +229,7 @@ class _Writer(CallWriter):
         self.tx.queue(CLAIM_ATTEMPT, *claim_params(lease, self.now, self.call_id))
 
     def record(self, outcome: Outcome) -> None:
-        self.tx.queue(INSERT_RESULT, self.call_id, dumps(asdict(outcome)), self.now)
+        self.tx.queue(INSERT_RESULT, self.call_id, outcome_json(outcome), self.now)
         self.tx.queue(CLEAR_FINISHED_LEASE, FINISHED_HINT, self.call_id)
 
     def append(self, event: Draft) -> None:
@@ -234,7 +240,7 @@ class _Writer(CallWriter):
         self.tx.queue(CLEAR_LEASE_OF, self.call_id, token)
 
     def settle(self, outcome: Outcome) -> None:
-        self.tx.queue(UPDATE_RESULT, dumps(asdict(outcome)), self.call_id)
+        self.tx.queue(UPDATE_RESULT, outcome_json(outcome), self.call_id)
 
     def checkpoint(self, checkpoint: str) -> None:
         self.tx.queue(UPSERT_CHECKPOINT, self.call_id, checkpoint, self.now)
@@ -408,7 +414,7 @@ class Planned(CallWriter):
         self.claimed = (lease.attempt, lease.token, lease.worker, sweep_hint(lease, self.now))
 
     def record(self, outcome: Outcome) -> None:
-        self.recorded = (dumps(asdict(outcome)), self.now)
+        self.recorded = (outcome_json(outcome), self.now)
 
     def append(self, event: Draft) -> None:
         e = event.stamp(self.now)
