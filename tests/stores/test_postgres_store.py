@@ -507,13 +507,15 @@ def _checkouts(store: PostgresStore) -> list[int]:
 
 
 class _WatchedLock:
-    """A lock that counts the non-blocking acquires it refused."""
+    """A lock that counts the non-blocking acquires it refused, and the acquires waiting for it."""
 
     def __init__(self) -> None:
-        self.inner, self.refused = threading.Lock(), 0
+        self.inner, self.refused, self.waiting = threading.Lock(), 0, 0
 
     def acquire(self, blocking: bool = True) -> bool:
+        self.waiting += blocking
         got = self.inner.acquire(blocking)
+        self.waiting -= blocking
         self.refused += not got
         return got
 
@@ -539,34 +541,36 @@ def test_begin_and_finish_on_a_free_lease_session_take_no_pooled_connection(stor
     assert advisory_locks_on(store, call.call_id) == 0
 
 
-def test_begin_and_finish_while_another_thread_uses_the_lease_session_go_through_the_pool(stores):
-    # With one lease session (lease_sessions=1), a call that finds it busy does not queue on
+def test_a_begin_while_another_thread_uses_the_lease_session_goes_through_the_pool_a_finish_waits(stores):
+    # With one lease session (lease_sessions=1), a begin that finds it busy does not queue on
     # it for its whole transaction, it takes a pooled connection (and the session for the lock).
+    # A finish waits for the session that holds its lease (session 12: it took the pooled
+    # path, two round trips more, then waited for the session all the same to unlock).
     store, call, cfg = stores(lease_sessions=1), new_call(), GuardConfig()
     store.register(call)
     claim(store, new_call(), "A", cfg)  # the session is open
     seen, done = _checkouts(store), []
     lock = store._sessions.sessions[0].lock = _WatchedLock()
 
-    def busy_session(work) -> None:
-        refused = lock.refused
+    def busy_session(work, until) -> None:
         with lock:  # as another thread's transaction on the session would
             worker = threading.Thread(target=lambda: done.append(work()), daemon=True)
             worker.start()
             deadline = time.monotonic() + 20
-            while lock.refused == refused and time.monotonic() < deadline:
+            while not until() and time.monotonic() < deadline:
                 time.sleep(0.005)
         worker.join(20)
 
-    busy_session(lambda: store.begin(call, "A", cfg))
+    refused = lock.refused
+    busy_session(lambda: store.begin(call, "A", cfg), lambda: lock.refused > refused)
     assert isinstance(done[-1], Claimed), done
     assert seen[0] >= 1
     assert advisory_locks_on(store, call.call_id) == 1
     assert store.renew(done[-1].lease) is True
-    before = seen[0]
-    busy_session(lambda: store.finish(done[-1].lease, Outcome.success(1), cfg))
+    before, fallbacks, lease = seen[0], store._sessions.fallbacks, done[-1].lease
+    busy_session(lambda: store.finish(lease, Outcome.success(1), cfg), lambda: lock.waiting)
     assert isinstance(done[-1], Accepted), done
-    assert seen[0] > before
+    assert (seen[0], store._sessions.fallbacks) == (before, fallbacks)
     assert advisory_locks_on(store, call.call_id) == 0
 
 

@@ -19,9 +19,10 @@ attempt being the last without a result
 compares it with that state and makes the writes only if it matches (and gives a
 finish's lock back). A call in any other state wrote nothing and is decided from its
 row in a transaction of two more round trips, the lock taken by the function kept; so
-is every call on a database not migrated to the functions' schema revision (``0004``). The rest
-of the row work, and ``begin``/``finish`` of a thread that finds every session busy with
-``lease_sessions`` open, run on pooled connections. The lease has no TTL:
+is every call on a database not migrated to the functions' schema revision (``0004``). A
+``finish`` waits for its lease's session if another thread is using it. The rest of the row
+work, and the ``begin`` of a thread that finds every session busy with ``lease_sessions``
+open, run on pooled connections. The lease has no TTL:
 
 * a worker that dies, or whose lease session is cut or terminated, loses that
   session and every lease on it (the leases on its other sessions live on), so the locks free at once and the next delivery claims attempt
@@ -303,8 +304,9 @@ class _LeaseSession:
 
     def transaction(self, key: int, token: str, call: CallSpec, clock: Callable[[], float], decide: Decide, *,
                     take: bool, fast: Plan | None = None) -> Any:
-        """One operation's write transaction on this session, if it is free (else None: the
-        caller takes a pooled connection, so that threads do not queue here).
+        """One operation's write transaction on this session: a begin's only if the session is
+        free (else None: the caller tries another session or a pooled connection, so that
+        threads do not queue here); a finish waits for it.
 
         ``take`` (``begin``): try the lock of ``key`` in the transaction's first query, as
         ``SELECT pg_try_advisory_lock(key), pg_backend_pid(); BEGIN; SELECT ... FOR UPDATE``;
@@ -321,7 +323,9 @@ class _LeaseSession:
         ``fast`` first tries the operation in one round trip (:meth:`_fast`): only if that
         finds the call in another state than ``fast`` planned for does the transaction
         above run (the lock a begin took there kept)."""
-        if not self.lock.acquire(blocking=False):
+        # A finish waits: on a pooled connection it would take two round trips more and then
+        # wait for this session all the same, to give the lock back.
+        if not self.lock.acquire(blocking=not take):
             return None
         try:
             if not take and self.keys.get(key) != token:
@@ -503,8 +507,9 @@ class _LeaseSessions:
     61 us with none, 378 us with 10,000), and threads that share one session queue on it. A new
     claim goes to the first session that is free now and holds fewer than :attr:`CAP` leases;
     when none is, another session is opened, up to ``most``; past that, the least loaded free
-    one takes it. Only when all are busy and there are ``most`` does it take the pooled path (counted in :attr:`fallbacks`). A one-thread
-    process (a prefork child) keeps using its first session until that holds :attr:`CAP`.
+    one takes it. Only when all are busy and there are ``most`` does it take the pooled path
+    (counted in :attr:`fallbacks`). A one-thread process (a prefork child) keeps using its
+    first session until that holds :attr:`CAP`.
 
     A lease stays on the session that took it: ``finish``, ``renew`` and the unlock find that
     session by the key it holds for the lease's token (at most ``most`` dictionaries looked
@@ -520,7 +525,8 @@ class _LeaseSessions:
         self.engine, self.errors, self.most = engine, errors, most
         self.sessions: list[_LeaseSession] = [self._new()]
         self._grow = threading.Lock()
-        #: How many ``begin``/``finish`` calls found no free session and took the pooled path.
+        #: How many ``begin`` calls found no free session, and ``finish`` calls no session
+        #: holding their lease, and took the pooled path.
         self.fallbacks = 0
 
     def _new(self) -> _LeaseSession:
@@ -548,10 +554,9 @@ class _LeaseSessions:
 
     def transaction(self, key: int, token: str, call: CallSpec, clock: Callable[[], float], decide: Decide, *,
                     take: bool, fast: Plan | None = None) -> Any:
-        """:meth:`_LeaseSession.transaction` on the session that holds the lease (``finish``),
-        or (``begin``) on a free one under :attr:`CAP`, else a new one, else the least loaded
-        free one; None
-        when there is none (the caller takes the pooled path)."""
+        """:meth:`_LeaseSession.transaction` on the session that holds the lease (``finish``,
+        waiting for it), or (``begin``) on a free one under :attr:`CAP`, else a new one, else
+        the least loaded free one; None when there is none (the caller takes the pooled path)."""
         if not take:
             session = self.holder(key, token)
             done = None if session is None else session.transaction(key, token, call, clock, decide, take=False,
@@ -894,8 +899,8 @@ class PostgresStore(SQLRuns, SQLStore):
     def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig,
                copy: ResultCopy | None = None) -> FinishResult:
         """Record the outcome (:meth:`SQLStore.finish`). When a lease session of this process holds
-        the lease and no other thread is using it, the transaction runs there and its
-        ``COMMIT`` query gives the lock back; else on a pooled connection, then the unlock."""
+        the lease, the transaction runs there (after any other thread's statement on it) and
+        gives the lock back in the same step; else on a pooled connection."""
 
         def decide(tx: Any, row: Any, spec: CallSpec, got: bool, lease_token: str, now: float) -> tuple[Any, bool]:
             return self._decide_finish(tx, row, spec, lease, outcome, config, now), False
