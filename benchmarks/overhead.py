@@ -6,7 +6,9 @@ Variants, each N trivial calls (``return i``) through one real ``celery worker``
   B  guarded   ``@app.task(base=GuardedTask)``  (acks_late + reject_on_worker_lost)
   C  tool      a ``@tool`` bound with ``ToolHandler.bind``
 
-Method, per variant and round (interleaved A B C A B C ..., for each pool):
+Method, per variant and round (interleaved, for each pool: every round runs each variant once,
+in an order drawn from ``--seed``, so no variant always follows another; the seed is fresh
+unless given, and printed and kept in the JSON to repeat a run):
 
 1. publish N messages to a staging list the worker does not consume (timed: the
    publish rate, which for B and C includes the store ``register`` of each call);
@@ -47,6 +49,7 @@ import inspect
 import math
 import re
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -192,8 +195,9 @@ def run_pool(pool: str, args: argparse.Namespace, env: dict[str, str], logdir: P
             one_round(app, worker, variant, min(200, args.calls), f"warm-{pool}-{variant}",
                       broker, results, store, 60, shared)
         rows = []
+        order = random.Random(f"{args.seed}-{pool}")
         for r in range(args.rounds):
-            for variant in args.variants:
+            for variant in order.sample(args.variants, len(args.variants)):
                 row = one_round(app, worker, variant, args.calls, f"{pool}-{r}-{variant}", broker, results,
                                 store, args.timeout, shared)
                 row.update(pool=pool, round=r)
@@ -303,7 +307,7 @@ def run_stores(args: argparse.Namespace) -> int:
         child = [sys.executable, str(Path(__file__).resolve()), "--store", STORES[kind] or "redis",
                  "--calls", str(args.calls), "--rounds", str(args.rounds), "--pools", args.pools,
                  "--variants", ",".join(args.variants), "--timeout", str(args.timeout),
-                 "--body-ms", str(args.body_ms), "--out", out]
+                 "--body-ms", str(args.body_ms), "--seed", str(args.seed), "--out", out]
         print(f"== {kind}: {' '.join(child[1:])}", flush=True)
         subprocess.run(child, check=True)
         parts[kind] = json.loads((RESULTS / f"{out}.json").read_text())
@@ -338,7 +342,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--body-ms", type=float, default=0.0,
                     help="every variant's body sleeps this long (a tool waiting on I/O: try 10 and 100); "
                          "default 0, a trivial body")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="the rounds' variant order (default: a fresh one, printed and kept in the JSON)")
     args = ap.parse_args(argv)
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(2**31)
+        print(f"seed {args.seed} (--seed {args.seed} repeats this order)", flush=True)
     if args.quick:
         args.calls, args.rounds = (40 if args.body_ms >= 50 else 200), 1
     args.variants = args.variants.split(",")

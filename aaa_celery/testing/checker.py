@@ -121,6 +121,30 @@ class LeaseEnd:
 
 
 @dataclass(frozen=True)
+class PathCut:
+    """A fault that cut (or slowed past its renewal budget) one worker's path to the store,
+    from ``start`` to ``end`` (the ledger's clock, epoch seconds).
+
+    A body running on that worker (its pid in ``pids``: the main process and its pool
+    children) while the path was cut cannot renew its lease, so the lease runs out with no
+    silence first, as a killed session's does. Under ``on_lost_lease=finish`` the body then
+    runs to its end, as documented, while the next attempt may start: :meth:`lease_ends`
+    names those leases for the checker."""
+
+    pids: frozenset[int]
+    start: float
+    end: float
+    reason: str
+
+    def lease_ends(self, runs: dict[str, list[Execution]]) -> list[LeaseEnd]:
+        """A :class:`LeaseEnd` for each attempt whose body ran on the cut worker during the cut."""
+        return [LeaseEnd(run.call_id, run.attempt, max(self.start, run.first_at), self.reason)
+                for call_runs in runs.values() for run in call_runs
+                if run.attempt is not None and run.pid in self.pids
+                and run.first_at <= self.end and run.last_at >= self.start]
+
+
+@dataclass(frozen=True)
 class Call:
     """One call the workload sent: what the checker must know about its tool."""
 

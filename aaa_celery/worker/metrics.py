@@ -289,8 +289,15 @@ class MeteredStore(Store):
             ok = bool(self._timed("renew", self.inner.renew, lease))
             return ok
         finally:
-            if not ok:
+            if not ok and self._held(lease):
                 _safely(lambda: self.metrics.renew_failures.labels(hostname=self.hostname).inc())
+
+    def _held(self, lease: Lease) -> bool:
+        """Whether no end of ``lease`` (finish, release, hand-on, fence) has begun: the
+        heartbeat goes on through ``finish``, so a renewal in flight as the call finishes
+        finds its lease gone, and that is no failure (the guard ignores it too)."""
+        with self._beats_lock:
+            return lease.token in self._beats
 
     def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig,
                copy: ResultCopy | None = None) -> FinishResult:

@@ -240,6 +240,40 @@ def test_i2_finish_overlap_without_a_session_end_before_the_takeover_is_still_a_
     assert exceptions == []
 
 
+CUT = "partition_store at 44.7 s: w1.0@chaos store path reset and refused, 4.5 s"
+
+
+@pytest.mark.parametrize("case", ["on the holder", "another worker", "after the takeover", "before the call",
+                                  "cancel"])
+def test_i2_finish_overlap_on_a_worker_whose_store_path_was_cut(case):
+    """CI at a406993 (the partition run, seed 11): a finish call's holder lost its store path
+    (a reset) while its body ran; its lease ran out, attempt 2 started, and attempt 1 ran on
+    to its end, as on_lost_lease=finish says. The checker knew only silence and pg_kill, and
+    reported I2. A cut of the holder's own store path, begun before the takeover, now explains
+    the overlap as a documented exception; nothing else does."""
+    from aaa_celery.testing.checker import PathCut, excuse, executions
+
+    h = History()
+    cid = h.call("cut", on_lost_lease="cancel" if case == "cancel" else "finish")
+    _finish_call_whose_session_was_killed(h, cid)  # attempt 1's body runs in pid 101
+    pids, start, end = {
+        "on the holder": ({100, 101}, 0.2, 2.0),
+        "another worker": ({200, 201}, 0.2, 2.0),
+        "after the takeover": ({100, 101}, 0.6, 2.0),
+        "before the call": ({100, 101}, -3.0, -1.0),
+        "cancel": ({100, 101}, 0.2, 2.0),
+    }[case]
+    ends = PathCut(frozenset(pids), start, end, CUT).lease_ends(executions(h.ledger.entries()))
+    assert [(e.call_id, e.attempt) for e in ends] == ([] if case in ("another worker", "before the call")
+                                                      else [(cid, 1)])
+    kept, exceptions = excuse(check_history(RecordedStore(h.events, h.results), h.ledger, h.calls, **CHECK,
+                                            lease_ends=ends), {})
+    if case == "on the holder":
+        assert kept == [] and len(exceptions) == 1 and exceptions[0].reason.startswith(CUT)
+    else:
+        assert invariants(kept) == ["I2"] and exceptions == []
+
+
 # -- I3 ---------------------------------------------------------------------------------
 
 
