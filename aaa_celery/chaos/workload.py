@@ -634,12 +634,12 @@ class ChaosRun:
                    "down": "cut one way (replies held)", "reset": "reset and refused"}[cut]
         fault.done_at, cut_at = self._now(), time.time()
         fault.target = f"{w.hostname} {name} path {how}, {fault.hold_s:.1f} s"
-        pids = frozenset([w.pid, *pool_children(w.pid)])  # and after: children killed and born during the cut
+        pids = frozenset([w.pid, *w.children()])  # and after: children killed and born during the cut
         self.stop_event.wait(fault.hold_s)
         link.heal()
         if name == "store":
             with self.lock:
-                self.cuts.append(PathCut(pids | frozenset(pool_children(w.pid)), cut_at, time.time(),
+                self.cuts.append(PathCut(pids | frozenset(w.children()), cut_at, time.time(),
                                          f"{fault.kind} at {fault.done_at:.1f} s: {fault.target}; {PARTITION_REASON}"))
 
     def _store_fault(self, fault: Fault) -> None:
