@@ -14,9 +14,10 @@ from kombu.utils.url import maybe_sanitize_url
 
 from ..errors import AAACeleryError, InvalidId, NotResolvable
 from ..protocol import check_call_id, tenant_of
-from ..stores import Store
+from ..stores import Store, backend_for, open_store
+from ..stores.sql.store import SQLStore
 from ..stores.ops import STATES, call_state, matches
-from ..worker.stores import app_store, store_url
+from ..worker.stores import app_store, migrate_command, store_options, store_url
 from ..worker.verdicts import resolve_call
 from . import doctor as doctor_checks
 from .timeline import render, table, timeline, when
@@ -79,9 +80,13 @@ def _app(ctx: click.Context) -> Any:
     return app
 
 
-def _store(ctx: click.Context) -> Store:
+def _store(ctx: click.Context, *, read_only: bool = False) -> Store:
+    """The app's store; ``read_only`` opens an SQL store without creating the tables of an
+    empty database (a worker creates them at its first open)."""
     app = _app(ctx)
     try:
+        if read_only and issubclass(backend_for(store_url(app)), SQLStore):
+            return open_store(store_url(app), **store_options(app), create_schema=False)
         return app_store(app)
     except (AAACeleryError, ValueError) as e:  # a URL the driver cannot parse raises ValueError
         try:
@@ -222,19 +227,29 @@ def purge(ctx: click.Context, older_than: str, yes: bool) -> None:
 
 
 @aaa.command()
-@click.option("--check", is_flag=True, help="Only say whether the store needs an upgrade (exit 1 if it does).")
+@click.option("--check", is_flag=True, help="Only say whether the store needs an upgrade or its tables (exit 1 if it "
+              "does); writes nothing.")
 @click.pass_context
 def migrate(ctx: click.Context, check: bool) -> None:
     """Upgrade the app's store to this release's schema (SQL: the Alembic revisions shipped
     in the package; Redis: its format key), under the store's schema lock. Safe to run
     again, and while workers of this release or the one before run (docs/upgrading.md)."""
-    store = _store(ctx)
-    before = store.schema_version()
     if check:
-        click.echo(f"{store.kind} store schema: {before.describe()}")
-        if before.outdated or before.newer:
+        store = _store(ctx, read_only=True)
+        try:
+            found = store.schema_version()
+        finally:
+            if isinstance(store, SQLStore):  # opened for this check alone
+                store.close()
+        if found.empty or found.outdated:
+            click.echo(f"{store.kind} store schema: {found.describe()}: run `{migrate_command(_app(ctx))}`")
+        else:
+            click.echo(f"{store.kind} store schema: {found.describe()}")
+        if found.empty or found.outdated or found.newer:
             sys.exit(1)
         return
+    store = _store(ctx)
+    before = store.schema_version()
     if before.newer:
         raise click.ClickException(f"the {store.kind} store is at {before.describe()}: upgrade aaa_celery instead")
     after = store.migrate()

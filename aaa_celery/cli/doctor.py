@@ -9,6 +9,7 @@ raises is a failed check line naming the error, never a traceback that hides the
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -166,6 +167,8 @@ def _flask_app(target: str) -> Any:
     import importlib
 
     module_name, _, attr = target.partition(":")
+    if os.getcwd() not in sys.path:  # as `flask --app` finds it: Celery took '' off the path after -A
+        sys.path.insert(0, os.getcwd())
     module = importlib.import_module(module_name)
     found = [n for n in FLASK_APP_NAMES if hasattr(module, n)]
     attr = attr or (found[0] if found else "")

@@ -96,3 +96,19 @@ def test_the_flask_example_passes_and_a_wrong_app_name_is_a_failed_check_line(re
     assert statuses["store reachable"] == "pass", output  # the other checks still ran
     code, statuses, output = doctor("worker", FLASK_EXAMPLE, env, "--flask-app", "no_such_module:app")
     assert code == 1 and statuses["web authorize"] == "fail" and "No module named" in output, output
+
+
+def test_the_flask_example_passes_from_its_own_directory_as_a_user_runs_it(redis_url):
+    """Red on 03c27cd: run from ``examples/flask_app`` with nothing but the installed package
+    on the path, as its README says, ``--flask-app app`` failed with ``No module named 'app'``:
+    Celery had taken the current directory off ``sys.path`` before the doctor imported it
+    (``flask --app app`` finds it there)."""
+    env = {**os.environ, "AAA_REDIS_URL": redis_url}
+    env.pop("PYTHONPATH", None)
+    celery = str(Path(sys.executable).with_name("celery"))  # the console script: no `-m`, so no '' on sys.path
+    proc = subprocess.run([celery, "-A", "worker", "aaa", "doctor", "--ping-timeout", "2",
+                           "--flask-app", "app"], cwd=FLASK_EXAMPLE, env=env, capture_output=True, text=True,
+                          timeout=180)
+    output = proc.stdout + proc.stderr
+    assert "No module named" not in output, output
+    assert "PASS web authorize" in output, output

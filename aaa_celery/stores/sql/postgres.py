@@ -642,6 +642,8 @@ class PostgresStore(SQLRuns, SQLStore):
         lease_sessions: the most lease sessions (server backends, kept out of the pool) the
             process spreads its leases over (:class:`_LeaseSessions`); default 8, one per
             thread of an 8-thread pool. ``1`` keeps every lease on one session.
+        create_schema: create the tables and functions of an empty database at open (the
+            default); ``False`` opens it as it is (``celery aaa migrate --check`` only reads).
     """
 
     kind = "postgresql"
@@ -657,6 +659,7 @@ class PostgresStore(SQLRuns, SQLStore):
         idle_session_timeout_s: float | None = None,
         engine_options: dict[str, Any] | None = None,
         lease_sessions: int = 8,
+        create_schema: bool = True,
     ) -> None:
         try:
             import psycopg
@@ -687,9 +690,10 @@ class PostgresStore(SQLRuns, SQLStore):
         with wrap_errors(self.kind, *self._errors):
             with self.engine.connect() as conn:
                 check_session_pinned(conn)
-            with self.engine.begin() as conn:
-                self._lock_schema(conn)
-                versions.prepare(conn)
+            if create_schema:
+                with self.engine.begin() as conn:
+                    self._lock_schema(conn)
+                    versions.prepare(conn)
 
     #: A pooled connection unused for this many seconds is pinged before it is handed out.
     PING_IDLE_S = 1.0

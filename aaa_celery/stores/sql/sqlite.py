@@ -65,6 +65,8 @@ class SQLiteStore(SQLRuns, SQLStore):
         clock: the store's clock in seconds; inject one in tests.
         busy_timeout_s: seconds a writer waits for another process's write lock
             before the store reports :class:`~aaa_celery.errors.StoreUnavailable`.
+        create_schema: create the tables of an empty database at open (the default);
+            ``False`` opens it as it is (``celery aaa migrate --check`` only reads).
     """
 
     kind = "sqlite"
@@ -72,7 +74,12 @@ class SQLiteStore(SQLRuns, SQLStore):
     insert = staticmethod(sqlite.insert)
 
     def __init__(
-        self, url: str = "sqlite://", *, clock: Callable[[], float] = time.time, busy_timeout_s: float = 30.0
+        self,
+        url: str = "sqlite://",
+        *,
+        clock: Callable[[], float] = time.time,
+        busy_timeout_s: float = 30.0,
+        create_schema: bool = True,
     ) -> None:
         self.url = url
         in_memory = sa.make_url(url).database in (None, "", ":memory:")
@@ -84,8 +91,9 @@ class SQLiteStore(SQLRuns, SQLStore):
         super().__init__(engine, clock)
         self._reader = engine.execution_options(**{_READ: True})
         self._guard: Any = threading.RLock() if in_memory else nullcontext()
-        with self._write() as conn:
-            versions.prepare(conn)
+        if create_schema:
+            with self._write() as conn:
+                versions.prepare(conn)
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
