@@ -134,8 +134,8 @@ cd "$APP_DIR"
 # Two worker pools, each with its own node name and metrics port.
 METRICS_A=$(free_port)
 METRICS_B=$(free_port)
-start pool-a env AAA_METRICS_PORT="$METRICS_A" celery -A worker worker -n "pool-a@%h" -Q aaa.default -c 2 --loglevel INFO
-start pool-b env AAA_METRICS_PORT="$METRICS_B" celery -A worker worker -n "pool-b@%h" -Q aaa.default,celery -c 2 --loglevel INFO
+start pool-a env AAA_METRICS_PORT="$METRICS_A" celery -A worker worker -E -n "pool-a@%h" -Q aaa.default -c 2 --loglevel INFO
+start pool-b env AAA_METRICS_PORT="$METRICS_B" celery -A worker worker -E -n "pool-b@%h" -Q aaa.default,celery -c 2 --loglevel INFO
 wait_port "$METRICS_A" "pool-a's metrics" "$RUN/pool-a.log"
 wait_port "$METRICS_B" "pool-b's metrics" "$RUN/pool-b.log"
 

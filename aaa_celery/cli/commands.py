@@ -20,7 +20,7 @@ from ..stores.ops import STATES, call_state, matches
 from ..worker.stores import app_store, migrate_command, store_options, store_url
 from ..worker.verdicts import resolve_call
 from . import doctor as doctor_checks
-from .timeline import render, table, timeline, when
+from .timeline import holder_label, render, table, timeline, when
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -158,8 +158,12 @@ def list_calls(ctx: click.Context, state: str | None, tool: str | None, tenant: 
     if as_json:
         _dump(rows)
         return
+    if not rows:
+        asked = [f"--{k} {v}" for k, v in (("state", state), ("tool", tool), ("tenant", tenant), ("since", since)) if v]
+        click.echo(f"no calls{' match ' + ' '.join(asked) if asked else ''} in the {store.kind} store")
+        return
     cells = [[r["call_id"], r["tool"] or "-", r["state"], r["attempts"], when(r["seen_at"]),
-              r["holder"] or r["error"] or ""] for r in rows]
+              holder_label(r["holder"]) or r["error"] or ""] for r in rows]
     for line in table(cells, ["call_id", "tool", "state", "attempts", "seen", "holder/error"]):
         click.echo(line)
 

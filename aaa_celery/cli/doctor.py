@@ -277,7 +277,7 @@ def check_clock(store: Store, local: Callable[[], float] = time.time) -> Check:
     server = _server_now(store)
     after = local()
     skew = server - (before + after) / 2
-    detail = f"store clock {skew:+.3f} s from this host's"
+    detail = f"store clock {skew:+.3f} s from this host's" if round(skew, 3) else "store clock within 1 ms of this host's"
     if abs(skew) >= SKEW_FAIL_S:
         return Check("fail", "clock skew", f"{detail}: leases and retention are judged by the store's clock; "
                      "run NTP on every host")
@@ -298,7 +298,8 @@ def check_node_names(app: Any, timeout_s: float = 1.0) -> Check:
                      "-n name@%h (holders and remote control are told apart by it)")
     if not names:
         return Check("warn", "worker node names", "no worker answered a ping")
-    return Check("pass", "worker node names", f"{len(names)} workers, all names distinct")
+    count = f"{len(names)} workers, all names distinct" if len(names) > 1 else "1 worker"
+    return Check("pass", "worker node names", count)
 
 
 def _safe(url: str) -> str:

@@ -39,6 +39,15 @@ def _holder(worker: str) -> tuple[str, int | None]:
     return host, int(pid) if pid.isdigit() else None
 
 
+def holder_label(worker: str | None) -> str:
+    """A holder as an operator reads it: ``w2@vm pid 30913`` (the thread's ident, which the
+    holder name carries to tell a thread pool's calls apart, says nothing to a person)."""
+    if not worker:
+        return ""
+    host, pid = _holder(worker)
+    return f"{host} pid {pid}" if pid is not None else worker
+
+
 def timeline(call_id: str, events: list[Event], result: Outcome | None) -> dict[str, Any]:
     """The call as JSON data: its attempts (worker, pid, start, end, fence and how each
     ended), lease events, result, fenced and stale results, and resolutions."""
@@ -112,6 +121,8 @@ def render(story: dict[str, Any]) -> str:
     rows = [[a["attempt"], a["fence"], a["worker"] or "-", a["pid"] or "-", when(a["start"]), when(a["end"]),
              a["ended"]] for a in story["attempts"]]
     lines += table(rows, ["attempt", "fence", "worker", "pid", "start", "end", "ended"]) if rows else ["no attempt"]
+    if any(a["ended"].startswith("lost") for a in story["attempts"]):
+        lines.append("(a lost attempt's end is when the store found its lease lapsed, not when its worker stopped)")
     for e in story["lease_events"]:
         lines.append(f"lease: {when(e['at'])} {e['type']} (attempt {e['attempt']})")
     for s in story["stale_results"]:

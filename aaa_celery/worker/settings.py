@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import sys
 import warnings
 from typing import Any
 
@@ -98,6 +99,15 @@ def serializer_problems(conf: Any, registry: Any = None, app: Any = None) -> lis
     return problems
 
 
+def _callers_level() -> int:
+    """The ``stacklevel`` of the first frame outside this package, for a warning that
+    points at the user's line (``bind(app)``, ``install(app)``), not at ours."""
+    frame, level = sys._getframe(1), 1  # noqa: SLF001 - the caller of the function that warns
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("aaa_celery."):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def check_settings(app: Any) -> None:
     """Refuse settings that break the guarantees; warn about ones that weaken them."""
     problems = serializer_problems(app.conf, app=app)
@@ -115,7 +125,7 @@ def check_settings(app: Any) -> None:
         warnings.warn(
             f"{name} > 1 with long guarded tasks lets one worker hold "
             f"messages it cannot start; set {name}=1 for long tools",
-            stacklevel=3,
+            stacklevel=_callers_level(),
         )
 
 
@@ -126,7 +136,7 @@ def check_setting_names(app: Any) -> None:
     if errors:
         raise ConfigError("aaa_celery: settings that do nothing as written:\n  " + "\n  ".join(errors))
     for text in warns:
-        warnings.warn(text, stacklevel=4)
+        warnings.warn(text, stacklevel=_callers_level())
 
 
 #: The opt-in for a store held in one process's memory on a worker of several processes.
