@@ -48,11 +48,9 @@ SUITE_LINE = re.compile(r"^\s*scripts/test\b.*$", re.M)
 
 
 def report(request: pytest.FixtureRequest, line: str) -> None:
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(line)
-    else:  # an xdist worker: its stderr reaches the log
-        print(line, file=sys.stderr)
+    """A line in the run's log, past pytest's capture."""
+    with request.getfixturevalue("capsys").disabled():
+        print(line, file=sys.stderr, flush=True)
 
 
 def test_every_command_block_is_run_or_marked_illustrative(request):

@@ -53,7 +53,7 @@ def test_the_readme_is_at_most_400_lines():
 def test_the_readme_quickstart_shows_the_two_commands_and_what_the_first_prints():
     readme = (ROOT / "README.md").read_text()
     quickstart = readme.split("## Quickstart", 1)[1]
-    commands, printed = re.findall(r"```(?:bash)?\n(.*?)```", quickstart, re.S)[:2]
+    commands, printed = re.findall(r"```(?:bash|text)?\n(.*?)```", quickstart, re.S)[:2]
     assert [line.split("#")[0].strip() for line in commands.strip().splitlines()] == [
         "pip install -e . && python examples/refund.py", "scripts/test"]
     done = subprocess.run([sys.executable, "examples/refund.py"], cwd=ROOT, capture_output=True, text=True,
