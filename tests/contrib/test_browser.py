@@ -158,6 +158,17 @@ def test_a_person_sees_the_pending_approval_clicks_approve_and_sees_the_run_fini
     until(ec.text_to_be_present_in_element((By.ID, "attempts"), "aaa.tool.completed (attempt 1)"))
     browser.save_screenshot(str(shots / "run-finished.png"))
 
+    # and at 1280 px the events and attempts tables stay inside the page (long call ids and
+    # JSON wrap instead of widening the table past the body)
+    width = browser.get_window_size()["width"]
+    browser.set_window_size(1280, 900)
+    overflow = browser.execute_script(
+        "const body = document.body.getBoundingClientRect();"
+        "return ['events', 'attempts'].map(id => document.getElementById(id).getBoundingClientRect().right - body.right)"
+        ".concat([document.documentElement.scrollWidth - document.documentElement.clientWidth]);")
+    browser.set_window_size(width, 900)
+    assert max(overflow) <= 1, overflow
+
     # and the runs page lists the run as completed, with nothing left waiting
     browser.get(f"{base_url}/aaa/")
     until(ec.text_to_be_present_in_element((By.ID, "runs"), run_id))
