@@ -48,6 +48,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kinds", help=f"comma-separated fault kinds (default all of {', '.join(FAULT_KINDS)})")
     p.add_argument("--effects-db", help="SQLAlchemy URL: keyed calls apply their effect there through "
                                         "aaa_celery.effects.once, and I6 counts the table's rows")
+    p.add_argument("--store-replicas", type=int, default=0,
+                   help="the Redis store's replicas option: each write of a call waits for this many replicas "
+                        "(WAIT), so a store_failover loses none and its calls are not excused (default 0)")
     p.add_argument("--json", help="write the JSON report here")
     p.add_argument("--plot", help="write a PNG timeline here (needs matplotlib)")
     p.add_argument("--workdir", help="worker logs go here (default: a temp directory)")
@@ -72,7 +75,7 @@ def config_from(args: argparse.Namespace) -> ChaosConfig:
         visibility_timeout=args.visibility_timeout, restore_s=args.restore_interval,
         unclaimed_grace_s=args.unclaimed_grace, kinds=kinds, progress=not args.quiet, workdir=args.workdir,
         old_python=args.old_python,
-        effects_db=args.effects_db,
+        effects_db=args.effects_db, store_replicas=args.store_replicas,
     )
 
 

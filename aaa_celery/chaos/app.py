@@ -171,6 +171,8 @@ def make_app(env: Mapping[str, str]) -> Celery:
     )
     if env.get("AAA_CHAOS_STORE"):
         app.conf.aaa_store_url = env["AAA_CHAOS_STORE"]
+    if env.get("AAA_CHAOS_STORE_REPLICAS"):  # a write of a call counts once this many replicas have it
+        app.conf.aaa_store_options = {"replicas": int(env["AAA_CHAOS_STORE_REPLICAS"]), "replicas_timeout_s": 2.0}
     ledger_url = env.get("AAA_CHAOS_LEDGER") or broker
     prefix = env.get("AAA_CHAOS_LEDGER_PREFIX") or "aaa:chaos:ledger"
     effects_db = env.get("AAA_CHAOS_EFFECTS_DB")

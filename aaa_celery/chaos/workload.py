@@ -100,6 +100,10 @@ class ChaosConfig:
     #: table, through ``aaa_celery.effects.once`` (a plain insert in the baseline); I6 then
     #: counts those rows, the effects themselves.
     effects_db: str | None = None
+    #: Replicas that must acknowledge each write of a call (the Redis store's ``replicas``
+    #: option, ``WAIT``); with 1 or more a ``store_failover`` loses no write, and the calls it
+    #: touches are held to every invariant instead of being excused.
+    store_replicas: int = 0
 
     @property
     def heartbeat_s(self) -> float:
@@ -332,6 +336,8 @@ class ChaosRun:
             env["AAA_CHAOS_STORE"] = c.store or self.store_redis.url  # type: ignore[union-attr]
         if c.baseline:
             env["AAA_CHAOS_BASELINE"] = "1"
+        if c.store_replicas:
+            env["AAA_CHAOS_STORE_REPLICAS"] = str(c.store_replicas)
         if c.effects_db:
             env["AAA_CHAOS_EFFECTS_DB"] = c.effects_db
         if c.visibility_timeout:
@@ -671,7 +677,7 @@ class ChaosRun:
             replica.command_("REPLICAOF", "127.0.0.1", str(server.port))
             with self.lock:
                 touched |= {call.call_id for call in self.sent[sent_before:]}
-                for call_id in touched:
+                for call_id in touched if not self.config.store_replicas else ():
                     self.excused.setdefault(call_id, f"{FAILOVER_REASON} (fault at {fault.done_at:.1f} s)")
         else:
             fault.target = f"store redis-server {server.proc.pid} kill -9, restarted on its AOF"

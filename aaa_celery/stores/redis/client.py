@@ -112,7 +112,8 @@ def _kernel_timeouts(sock: Any, timeout_s: float | None) -> Any:
     return sock
 
 
-def evalsha(client: Any, held: threading.local, script: Any, keys: list[str], args: list[Any]) -> Any:
+def evalsha(client: Any, held: threading.local, script: Any, keys: list[str], args: list[Any],
+            wait: tuple[int, int] | None = None) -> Any:
     """Run ``script`` by EVALSHA on the connection this thread has on loan from ``client``'s
     pool, with the connection's retry policy and reply parser, but without
     ``Redis.execute_command``'s layers (observability hooks, a second retry wrapper, reply
@@ -120,7 +121,11 @@ def evalsha(client: Any, held: threading.local, script: Any, keys: list[str], ar
     trivial call these cost as much CPU as the round trip itself: 60 -> 36 µs per script
     here. A thread keeps the connection from its first script until it ends (a forked child
     takes its own); ``close()`` ends it with the pool. Loads the script on NOSCRIPT, as
-    redis-py's ``Script`` does."""
+    redis-py's ``Script`` does.
+
+    ``wait=(replicas, timeout_ms)`` sends ``WAIT`` after the script, in the same round trip
+    and on the same connection (``WAIT`` counts the replicas that have this connection's
+    writes), and returns ``(reply, replicas that acknowledged)``."""
     lent: _Lent | None = getattr(held, "lent", None)
     if lent is None or lent.pid != os.getpid():
         lent = held.lent = _Lent(client.connection_pool)
@@ -131,24 +136,35 @@ def evalsha(client: Any, held: threading.local, script: Any, keys: list[str], ar
     sock = conn._sock
     if sock is not lent.sock and sock is not None:
         lent.sock = _kernel_timeouts(sock, conn.socket_timeout)
-    command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-    packed = [_pack(command)] if _pack is not None else conn.pack_command(*command)
+    commands = [("EVALSHA", script.sha, len(keys), *keys, *args)]
+    if wait is not None:
+        commands.append(("WAIT", *wait))
+    packed = [_pack(c) for c in commands] if _pack is not None else conn.pack_commands(commands)
 
     def send() -> Any:
         lent.pending = True
         conn.send_packed_command(packed, check_health=False)
         try:
-            reply = conn.read_response()
+            try:
+                reply = conn.read_response()
+            except redis.ResponseError:
+                if wait is not None:
+                    conn.read_response()  # WAIT's reply: the connection stays in step
+                raise
+            acked = conn.read_response() if wait is not None else None
         except redis.ConnectionError as e:
             if isinstance(e.__context__, BlockingIOError):  # the kernel's receive timeout
                 raise redis.TimeoutError("Timeout reading from socket") from None
             raise
         lent.pending = False
-        return reply
+        return reply if wait is None else (reply, acked)
 
     try:
         return conn.retry.call_with_retry(send, lambda error: conn.disconnect())
     except redis.exceptions.NoScriptError:
         lent.pending = False  # the error was the whole reply
     # The server lost its scripts (a restart, SCRIPT FLUSH): load and run.
+    if wait is not None:  # on this connection again, so that WAIT counts its writes
+        client.script_load(script.script)
+        return conn.retry.call_with_retry(send, lambda error: conn.disconnect())
     return script(keys=keys, args=args, client=client)

@@ -66,6 +66,7 @@ from typing import Any, Literal, cast
 import redis
 
 from ...config import GuardConfig
+from ...errors import ConfigError, StoreUnavailable
 from ...lifecycle import (
     Accepted,
     BeginResult,
@@ -189,6 +190,14 @@ class RedisStore(RedisRuns, Store):
         key_prefix: the first part of every key.
         shards: how many shards (hash tags, each with its own recovery indexes) the
             calls are spread over. The same for every worker of a fleet.
+        replicas: how many replicas must acknowledge each write of a call (``WAIT``,
+            in the script's round trip) before the guard goes on: a claim before the body
+            runs, a result before the message is acked, a renewal before it counts. A
+            write that fewer replicas acknowledged within ``replicas_timeout_s`` raises
+            :class:`~aaa_celery.errors.StoreUnavailable` (store trouble: retried, never
+            run on). With 1 or more, a failover to an acknowledging replica loses no
+            write of a call. 0 (the default): replication stays asynchronous.
+        replicas_timeout_s: seconds a write waits for its replicas (default 1).
         **kw: passed to :meth:`redis.Redis.from_url` (``socket_timeout``, ...) or
             :meth:`redis.cluster.RedisCluster.from_url` (``startup_nodes``, ...).
             ``socket_timeout`` and ``socket_connect_timeout`` default to
@@ -200,10 +209,19 @@ class RedisStore(RedisRuns, Store):
 
     def __init__(
         self, url: str, *, retention_s: float = 7 * 24 * 3600, key_prefix: str = "aaa",
-        shards: int = 16, **kw: Any,
+        shards: int = 16, replicas: int = 0, replicas_timeout_s: float = 1.0, **kw: Any,
     ) -> None:
         if shards < 1:
             raise ValueError(f"shards must be at least 1, not {shards}")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise ConfigError(f"redis store: replicas must be an int of at least 0, not {replicas!r}: the "
+                              "replicas that must acknowledge each write of a call before the guard goes on")
+        if not isinstance(replicas_timeout_s, (int, float)) or replicas_timeout_s <= 0:
+            raise ConfigError(f"redis store: replicas_timeout_s must be a number of seconds above 0, not "
+                              f"{replicas_timeout_s!r}")
+        #: Replicas that acknowledge each write of a call (``WAIT``) before it counts as made.
+        self.replicas = replicas
+        self._wait = (replicas, max(1, round(replicas_timeout_s * 1000))) if replicas else None
         self.url = url
         self.retention_s = max(1, math.ceil(retention_s))
         self.key_prefix = key_prefix
@@ -228,6 +246,9 @@ class RedisStore(RedisRuns, Store):
         cluster_scheme = CLUSTER_SCHEMES.get(scheme.lower())
         #: True when the URL names a Redis Cluster.
         self.cluster = cluster_scheme is not None
+        if self.cluster and replicas:
+            raise ConfigError("redis store: replicas is for a single primary with replicas; on a Redis Cluster "
+                              "each node's replicas are its own (leave replicas at 0)")
         options = {"socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": SOCKET_TIMEOUT_S,
                    **kw, "decode_responses": True}
         if cluster_scheme is None:
@@ -302,7 +323,15 @@ class RedisStore(RedisRuns, Store):
             client = self._redis
             if self.cluster:
                 return self._scripts[script](keys=keys, args=[call_id, *args], client=client)
-            return evalsha(client, self._held, self._scripts[script], keys, [call_id, *args])
+            if self._wait is None:
+                return evalsha(client, self._held, self._scripts[script], keys, [call_id, *args])
+            reply, acked = evalsha(client, self._held, self._scripts[script], keys, [call_id, *args], self._wait)
+        if acked < self.replicas:
+            raise StoreUnavailable(
+                f"redis store: {script} of {call_id!r} reached {acked} of {self.replicas} replicas within "
+                f"{self._wait[1]} ms (aaa_store_options replicas): not counted as made; the guard retries it"
+            )
+        return reply
 
     def _known_spec(self, call_id: str) -> CallSpec | None:
         """The spec in force of a call, as this store last saw it (name and key only)."""
@@ -430,7 +459,12 @@ class RedisStore(RedisRuns, Store):
             for call in calls:
                 keys = self._keys(call.call_id)
                 pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, call.call_id, *_spec_args(call))
+            if self._wait is not None:
+                pipe.execute_command("WAIT", *self._wait)
             replies = pipe.execute(raise_on_error=False)
+        if self._wait is not None and not (isinstance(replies[-1], int) and replies.pop() >= self.replicas):
+            raise StoreUnavailable(f"redis store: register of {len(calls)} calls did not reach {self.replicas} "
+                                   f"replicas within {self._wait[1]} ms (aaa_store_options replicas)")
         for call, reply in zip(calls, replies):
             if isinstance(reply, Exception):  # NOSCRIPT (a restarted server), ...: alone, loaded
                 self.register(call)
