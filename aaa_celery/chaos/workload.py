@@ -45,6 +45,8 @@ WORKER_FAULTS = ("kill_main", "kill_child", "freeze_kill", "stop_cont")
 #: the workers use) replicates from it and answers READONLY, for a few seconds, then back.
 #: Only in runs that name them in ``kinds``.
 STORE_FAULTS = ("store_pause", "store_restart", "store_failover")
+#: Seconds the old primary still takes writes after its replica's promotion, in a store_failover.
+FAILOVER_SPLIT_S = 0.5
 #: Why a violation of a call that a failover touched is a documented exception (docs/chaos.md).
 FAILOVER_REASON = ("store_failover: Redis replication is asynchronous, so a write the old primary "
                    "acknowledged can be lost (the guarantee holds on one server with AOF)")
@@ -671,6 +673,9 @@ class ChaosRun:
                 touched = {call.call_id for call in self.sent if call.call_id not in self.done}
                 sent_before = len(self.sent)
             replica.command_("REPLICAOF", "NO", "ONE")
+            # The old primary takes writes a moment longer (Sentinel reconfigures it, and the
+            # clients, after the promotion): what it acknowledges then, the new one never has.
+            self.stop_event.wait(FAILOVER_SPLIT_S)
             server.command_("REPLICAOF", "127.0.0.1", str(replica.port))
             self.stop_event.wait(fault.hold_s)
             server.command_("REPLICAOF", "NO", "ONE")

@@ -10,6 +10,7 @@ process holds one connection per live thread that used the store (mind a pool's
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -149,9 +150,16 @@ def evalsha(client: Any, held: threading.local, script: Any, keys: list[str], ar
                 reply = conn.read_response()
             except redis.ResponseError:
                 if wait is not None:
-                    conn.read_response()  # WAIT's reply: the connection stays in step
+                    with contextlib.suppress(redis.ResponseError):
+                        conn.read_response()  # WAIT's reply: the connection stays in step
+                lent.pending = False
                 raise
-            acked = conn.read_response() if wait is not None else None
+            acked = None
+            if wait is not None:
+                try:
+                    acked = conn.read_response()
+                except redis.ResponseError:  # refused: the server became a replica; none has the write
+                    acked = 0
         except redis.ConnectionError as e:
             if isinstance(e.__context__, BlockingIOError):  # the kernel's receive timeout
                 raise redis.TimeoutError("Timeout reading from socket") from None
