@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.to_thread
 import mcp_types as types
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
@@ -80,11 +81,11 @@ def tool_result(value: Any, *, error: str | None = None, message: str = "") -> d
     """A ``CallToolResult`` wire dict of a recorded success (``value``) or a tool's error."""
     if error is not None:
         text = f"{error}: {message}" if message else error
-        return {"content": [{"type": "text", "text": text}], "isError": True,
+        return {"resultType": "complete", "content": [{"type": "text", "text": text}], "isError": True,
                 "structuredContent": {"error": error, "message": message}}
     text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return {"content": [{"type": "text", "text": text}], "structuredContent": {"result": value},
-            "isError": False}
+    return {"resultType": "complete", "content": [{"type": "text", "text": text}],
+            "structuredContent": {"result": value}, "isError": False}
 
 
 class GuardedMCPServer:
@@ -110,6 +111,12 @@ class GuardedMCPServer:
             raise ConfigError(f"GuardedMCPServer: wait_s and poll_s must be positive seconds, got {wait_s}, {poll_s}")
         for t in handler.registry:
             handler.task(t.name)  # bound to an app: else ConfigError names the fix
+            if "delivery" not in t.guard_overrides and "delivery" not in handler.guard.model_fields_set:
+                raise ConfigError(
+                    f"GuardedMCPServer: tool {t.name!r} has no delivery of its own, and an MCP tool's default "
+                    "annotations (destructive, not idempotent) mean at_most_once: declare its annotations with "
+                    f"aaa_celery.contrib.mcp.annotate({t.name}, ...) where it is defined, or give it "
+                    "@tool(delivery=...)")
         call_id(tenant, run_id, "check")  # an unusable tenant or run id fails here
         self.handler, self.app, self.tenant, self.run_id = handler, app, tenant, run_id
         self.wait_s, self.poll_s = wait_s, poll_s
@@ -173,7 +180,10 @@ class GuardedMCPServer:
 
     @staticmethod
     def wants_tasks(ctx: ServerRequestContext[Any, Any]) -> bool:
-        """Whether the request's client listed the tasks extension in its capabilities."""
+        """Whether the request's client listed the tasks extension in its capabilities (on a
+        2026-07-28 or later connection: an older wire has no extension results)."""
+        if ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            return False
         caps = getattr(ctx.session, "client_capabilities", None)
         extensions = getattr(caps, "extensions", None) or {}
         return TASKS_EXTENSION in extensions
