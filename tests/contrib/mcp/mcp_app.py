@@ -98,3 +98,23 @@ def handler() -> ToolHandler:
 
 HANDLER = ToolHandler(REGISTRY, pools={"default": 2}, guard={"lease_ttl_s": 6, "wait_poll_s": 0.25})
 app = make_app(os.environ[ENV]) if ENV in os.environ else None
+
+
+# -- remote tools: the stub MCP server's (tests/contrib/mcp/stub_server.py) ----------------------
+STUB_ENV = "AAA_MCP_STUB_URL"
+
+
+def remote_handler(stub_url: str) -> ToolHandler:
+    """The stub server's tools as guarded tools (its server trusted, its annotations believed)."""
+    from aaa_celery.contrib.mcp import RemoteServer, remote_tool
+
+    stub = RemoteServer("stub", stub_url, trusted=True, tries=8, timeout_s=60)
+    remote = ToolRegistry([
+        remote_tool(stub, "pay"),  # no annotations: the defaults, at_most_once
+        remote_tool(stub, "balance", annotations={"readOnlyHint": True}),
+    ])
+    return ToolHandler(remote, pools={"default": 2}, guard={"lease_ttl_s": 6, "wait_poll_s": 0.25})
+
+
+if app is not None and STUB_ENV in os.environ:
+    remote_handler(os.environ[STUB_ENV]).bind(app)
