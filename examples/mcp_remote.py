@@ -21,6 +21,7 @@ payments = RemoteServer(
 )
 handler = ToolHandler(ToolRegistry([remote_tool(payments, "pay"), remote_tool(payments, "get_balance")]))
 app = Celery("mcp_remote_example", broker=REDIS, backend=REDIS)
-app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"], aaa_store_url=REDIS)
+app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"], aaa_store_url=REDIS,
+                worker_prefetch_multiplier=1)
 handler.bind(app)
 # handler.task("payments_pay").delay(arguments={"to": "ACME", "amount_cents": 500})

@@ -40,5 +40,6 @@ annotate(wire)
 
 handler = ToolHandler(ToolRegistry([lookup, refund, wire]))
 app = Celery("mcp_example", broker=REDIS, backend=REDIS)
-app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"], aaa_store_url=REDIS)
+app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"], aaa_store_url=REDIS,
+                worker_prefetch_multiplier=1)
 handler.bind(app)
