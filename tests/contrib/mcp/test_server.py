@@ -9,13 +9,13 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import Client
+from mcp import Client, StdioServerParameters
 
-from aaa_celery.contrib.mcp import GuardedMCPServer, TasksExtension, cancel_task, get_task
+from aaa_celery.contrib.mcp import CALL_KEY_META, GuardedMCPServer, TasksExtension, cancel_task, get_task
 from aaa_celery.testing import Fleet
 
 from . import mcp_app
-from .conftest import HttpServer
+from .conftest import ROOT, HttpServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.fleet]
 
@@ -100,6 +100,39 @@ def test_a_retried_request_makes_one_effect(served: tuple[GuardedMCPServer, str]
     assert [r.structured_content for r in results] == [{"result": "charged 5 for R-1"}] * 3
     task_id = server.call_id_for(mcp_app.charge, args)
     assert len(entries(task_id)) == 1
+
+
+def test_a_new_call_key_is_a_new_call_and_its_retry_the_same(served: tuple[GuardedMCPServer, str]) -> None:
+    _, url = served
+    args = {"order_id": "R-2", "amount": 5, "hold_s": 0}
+
+    async def main() -> None:
+        async with Client(url) as client:
+            for key in ("first", "second", "second"):
+                await client.call_tool("charge", args, meta={CALL_KEY_META: key})  # type: ignore[typeddict-unknown-key]
+
+    run(main)
+    starts = [e for e in mcp_app.ledger().entries(event="start") if e.get("order_id") == "R-2"]
+    assert len(starts) == 2
+    assert len({e["task_id"] for e in starts}) == 2
+
+
+def test_the_same_tools_are_served_over_stdio(served: tuple[GuardedMCPServer, str],
+                                              mcp_env: dict[str, str]) -> None:
+    import os
+    import sys
+
+    params = StdioServerParameters(command=sys.executable, args=["-m", "tests.contrib.mcp.stdio_server"],
+                                   env={**os.environ, **mcp_env, "PYTHONPATH": str(ROOT)}, cwd=str(ROOT))
+
+    async def main() -> tuple[list[str], Any]:
+        async with Client(params) as client:
+            names = [t.name for t in (await client.list_tools()).tools]
+            return names, await client.call_tool("lookup", {"order_id": "S-1"})
+
+    names, result = run(main)
+    assert "charge" in names
+    assert result.structured_content == {"result": "order S-1: paid 30 EUR"}
 
 
 def _kill_holder(fleet: Fleet, entry: dict[str, Any]) -> None:
