@@ -50,7 +50,7 @@ from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from ...errors import ConfigError, ToolArgsError
 from ...lifecycle import STARTED
-from ...protocol import arguments_digest, call_id
+from ...protocol import arguments_digest, call_id, parse_call_id
 from ...stores.runs import RunRecord, run_key
 from ...tools import Tool, ToolHandler
 from ...tools.handler import store_of
@@ -147,6 +147,9 @@ class GuardedMCPServer:
         return self._decide(task_id, "denied", by, note)
 
     def _decide(self, task_id: str, state: str, by: str, note: str) -> bool:
+        if not self.owns(task_id):
+            raise ValueError(f"{task_id[:200]!r} is not a call of this server (tenant {self.tenant!r}, "
+                             f"run {self.run_id!r})")
         store, key = self.store, run_key(self.tenant, self.run_id)
         if store.get_run(key) is None:
             now = time.time()
@@ -308,12 +311,25 @@ class GuardedMCPServer:
         message = f"attempt {attempts} running" if attempts else "sent, waiting for a worker"
         return {**view, "status": "working", "statusMessage": message}
 
+    def owns(self, task_id: str) -> bool:
+        """Whether ``task_id`` is a call this server minted: its tenant, its run, its prefix.
+        ``tasks/get`` and ``tasks/cancel`` of any other id are refused before the store is
+        asked, so a client never reads or cancels another tenant's (or run's) call."""
+        identity = parse_call_id(task_id)
+        return (identity is not None and identity.tenant == self.tenant and identity.run_id == self.run_id
+                and identity.local.startswith("mcp."))
+
+    def _owned(self, task_id: str) -> str:
+        if not self.owns(task_id):
+            raise MCPError(_INVALID_PARAMS, f"unknown task {task_id[:200]!r}")
+        return task_id
+
     async def _tasks_get(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
-        view = await anyio.to_thread.run_sync(self.task, params.task_id)
+        view = await anyio.to_thread.run_sync(self.task, self._owned(params.task_id))
         return {**view, "resultType": "complete"}
 
     async def _tasks_cancel(self, ctx: ServerRequestContext[Any, Any], params: TaskParams) -> dict[str, Any]:
-        await anyio.to_thread.run_sync(self.cancel, params.task_id)
+        await anyio.to_thread.run_sync(self.cancel, self._owned(params.task_id))
         return {"resultType": "complete"}
 
     async def _tasks_update(self, ctx: ServerRequestContext[Any, Any], params: UpdateParams) -> dict[str, Any]:

@@ -98,3 +98,41 @@ def test_an_untrusted_servers_annotations_are_not_believed_and_pins_win() -> Non
 def test_bad_remote_server_config_fails_naming_the_field(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         RemoteServer(**kwargs)  # type: ignore[arg-type]
+
+
+def test_tasks_get_and_cancel_refuse_a_call_of_another_tenant_or_run() -> None:
+    import anyio
+    from mcp import Client
+    from mcp.shared.exceptions import MCPError
+
+    from aaa_celery.contrib.mcp import cancel_task, get_task
+    from aaa_celery.protocol import call_id
+
+    @tool(delivery="at_most_once")
+    def pay(to: str) -> str:
+        return to
+
+    handler = ToolHandler(ToolRegistry([pay]))
+    app = Celery("t2", broker="memory://", backend="cache+memory://")
+    app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"],
+                    aaa_store_url="memory://", worker_prefetch_multiplier=1)
+    handler.bind(app)
+    server = GuardedMCPServer(handler, app, tenant="acme")
+    mine = server.call_id_for(pay, {"to": "x"})
+    assert server.owns(mine)
+    foreign = [call_id("globex", "mcp", mine.rsplit(":", 1)[1]), call_id("acme", "other", "mcp.0"),
+               call_id("acme", "mcp", "engine.0"), "plain-uuid"]
+
+    async def main() -> list[str]:
+        refused = []
+        async with Client(server.server) as client:
+            for task_id in foreign:
+                for verb in (get_task, cancel_task):
+                    with pytest.raises(MCPError) as e:
+                        await verb(client.session, task_id)
+                    refused.append(e.value.message)
+        return refused
+
+    assert all(m.startswith("unknown task") for m in anyio.run(main))
+    with pytest.raises(ValueError, match="not a call of this server"):
+        server.approve(foreign[0], by="ops")
