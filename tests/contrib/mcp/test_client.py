@@ -108,7 +108,9 @@ def test_a_read_only_remote_tool_is_retried_and_succeeds(remote: ToolHandler, st
     while not stub.requests("balance"):
         assert time.monotonic() < deadline, "the remote call never reached the stub"
         time.sleep(0.1)
-    stub.stop()  # the server dies mid-read
+    assert stub.proc is not None
+    kill9(stub.proc.pid)  # the server dies mid-read
+    stub.proc.wait(10)
     stub.start()  # and comes back (no delay now)
     assert result.get(timeout=90) == {"balance": 42}
     assert len(stub.requests("balance")) >= 2
