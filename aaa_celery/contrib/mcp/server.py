@@ -296,6 +296,8 @@ class GuardedMCPServer:
         if held is not None and not events:
             decision = self.decision(task_id)
             state = (decision or {}).get("state")
+            if state == "denied" and decision and decision.get("by") == "tasks/cancel":
+                return {**view, "status": "cancelled", "statusMessage": "cancelled by the client before approval"}
             if state == "denied":
                 message = f"ApprovalDenied: denied by {decision.get('by')}" if decision else "ApprovalDenied"
                 return {**view, "status": "failed", "statusMessage": message,
@@ -308,7 +310,7 @@ class GuardedMCPServer:
             self._send(*held, task_id)
             with self._lock:
                 self._held.pop(task_id, None)
-        message = f"attempt {attempts} running" if attempts else "sent, waiting for a worker"
+        message = f"attempt {attempts} running" if attempts else "no attempt yet: sent, waiting for a worker"
         return {**view, "status": "working", "statusMessage": message}
 
     def owns(self, task_id: str) -> bool:

@@ -204,6 +204,8 @@ def test_an_approval_required_tool_is_input_required_until_approved(served: tupl
         async with Client(url, extensions=[TasksExtension()]) as client:
             handle = await client.session.call_tool("wire", {"to": "ACME", "amount": 9}, allow_claimed=True)
             seen = [handle.status]
+            again = await client.session.call_tool("wire", {"to": "ACME", "amount": 9}, allow_claimed=True)
+            assert again.task_id == handle.task_id  # a retried tools/call gets the same task
             for _ in range(3):
                 seen.append((await get_task(client.session, handle.task_id)).status)
                 await anyio.sleep(0.3)
@@ -216,3 +218,17 @@ def test_an_approval_required_tool_is_input_required_until_approved(served: tupl
     assert task.status == "completed", task
     assert task.result["structuredContent"] == {"result": "wired 9 to ACME"}
     assert len(entries(task_id)) == 1
+
+
+def test_tasks_cancel_of_a_call_waiting_for_approval_cancels_it_unsent(served: tuple[GuardedMCPServer, str]) -> None:
+    _, url = served
+
+    async def main() -> tuple[str, Any]:
+        async with Client(url, extensions=[TasksExtension()]) as client:
+            handle = await client.session.call_tool("wire", {"to": "Globex", "amount": 1}, allow_claimed=True)
+            await cancel_task(client.session, handle.task_id)
+            return handle.task_id, await get_task(client.session, handle.task_id)
+
+    task_id, task = run(main)
+    assert task.status == "cancelled"
+    assert entries(task_id) == []
