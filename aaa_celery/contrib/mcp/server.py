@@ -70,6 +70,8 @@ LOSS_ERRORS = frozenset({"OutcomeUnknown", "ExecutionAbandoned"})
 #: The JSON-RPC error code of a failed task (MCP leaves -32000..-32019 to implementations).
 LOSS_CODE = -32001
 _REVOKED = "TaskRevokedError"
+#: The run record's entries of a held call (beside the decision, keyed by the call id).
+_HELD, _SENT = "held", "sent"
 _INVALID_PARAMS = -32602
 
 
@@ -150,13 +152,19 @@ class GuardedMCPServer:
         if not self.owns(task_id):
             raise ValueError(f"{task_id[:200]!r} is not a call of this server (tenant {self.tenant!r}, "
                              f"run {self.run_id!r})")
+        decision = {"state": state, "by": by, "note": note, "at": time.time()}
+        return self._record(task_id, task_id, decision)
+
+    def _record(self, task_id: str, what: str, data: dict[str, Any]) -> bool:
+        """Record ``data`` as ``what`` of ``task_id`` in the store, first writer wins (the run
+        record's decisions: ``what`` is the call id for a person's decision, ``held`` for the
+        held call, ``sent`` for the one sending of a granted call); True if this write won."""
         store, key = self.store, run_key(self.tenant, self.run_id)
         if store.get_run(key) is None:
             now = time.time()
             store.put_run(RunRecord(self.run_id, self.tenant, algo="mcp", status="completed",
                                     started_at=now, updated_at=now))
-        decision = {"state": state, "by": by, "note": note, "at": time.time()}
-        return bool(store.decide_approval(key, task_id, task_id, decision))
+        return bool(store.decide_approval(key, task_id, what, data))
 
     def decision(self, task_id: str) -> dict[str, Any] | None:
         """The recorded approval decision of ``task_id``, if any."""
@@ -237,11 +245,29 @@ class GuardedMCPServer:
         if t.requires_approval:
             decision = self.decision(task_id)
             if decision is None or decision.get("state") != "granted":
-                with self._lock:
-                    self._held[task_id] = (t, arguments)
+                self._hold(t, arguments, task_id)
                 return True
         self._send(t, arguments, task_id)
         return False
+
+    def _hold(self, t: Tool[..., Any], arguments: dict[str, Any], task_id: str) -> None:
+        """Keep a call that waits for approval: in this process, and (for a tool without
+        secret parameters) in the store, so that any replica of the server, or this one
+        restarted, sends it once it is granted."""
+        with self._lock:
+            self._held[task_id] = (t, arguments)
+        if not t.secrets:
+            canonical = t.check(arguments, self.handler.guards).canonical
+            self._record(task_id, _HELD, {"tool": t.name, "arguments": canonical})
+
+    def _held_call(self, task_id: str) -> tuple[Tool[..., Any], dict[str, Any]] | None:
+        with self._lock:
+            found = self._held.get(task_id)
+        if found is not None:
+            return found
+        kept = self.store.approval_decision(run_key(self.tenant, self.run_id), task_id, _HELD)
+        t = self.handler.registry.get(kept["tool"]) if kept else None
+        return (t, dict(kept["arguments"])) if t is not None and kept else None
 
     def _send(self, t: Tool[..., Any], arguments: dict[str, Any], task_id: str) -> None:
         """Publish the call under its id, unless the store knows it ran already. A second
@@ -291,9 +317,8 @@ class GuardedMCPServer:
                                   "data": {"type": outcome.error, "callId": task_id, "attempt": outcome.attempt}}}
             return {**view, "status": "completed", "statusMessage": f"the tool failed: {outcome.error}",
                     "result": tool_result(None, error=outcome.error or "ToolError", message=outcome.message)}
-        with self._lock:
-            held = self._held.get(task_id)
-        if held is not None and not events:
+        held = self._held_call(task_id) if not events else None
+        if held is not None:
             decision = self.decision(task_id)
             state = (decision or {}).get("state")
             if state == "denied" and decision and decision.get("by") == "tasks/cancel":
@@ -307,7 +332,8 @@ class GuardedMCPServer:
                 return {**view, "status": "input_required", "inputRequests": {},
                         "statusMessage": "waiting for a person's approval (the operator's API decides, "
                                          "never tasks/update)"}
-            self._send(*held, task_id)
+            if self._record(task_id, _SENT, {"at": time.time()}):  # one replica sends it, once
+                self._send(*held, task_id)
             with self._lock:
                 self._held.pop(task_id, None)
         message = f"attempt {attempts} running" if attempts else "no attempt yet: sent, waiting for a worker"
@@ -341,9 +367,7 @@ class GuardedMCPServer:
     def cancel(self, task_id: str) -> None:
         """Revoke the call (a running attempt is terminated, and its late result fenced:
         the revocation is the call's recorded result); a held call is denied."""
-        with self._lock:
-            held = task_id in self._held
-        if held and not self.store.events(task_id):
+        if not self.store.events(task_id) and self._held_call(task_id) is not None:
             self._decide(task_id, "denied", "tasks/cancel", "cancelled by the client")
             return
         self.app.control.revoke(task_id, terminate=True)

@@ -232,3 +232,24 @@ def test_tasks_cancel_of_a_call_waiting_for_approval_cancels_it_unsent(served: t
     task_id, task = run(main)
     assert task.status == "cancelled"
     assert entries(task_id) == []
+
+
+def test_a_held_call_is_sent_once_by_another_replica_of_the_server(served: tuple[GuardedMCPServer, str]) -> None:
+    server, url = served
+    replica = GuardedMCPServer(mcp_app.HANDLER, server.app, name="shop")  # another process, as far as state goes
+
+    async def main() -> str:
+        async with Client(url, extensions=[TasksExtension()]) as client:
+            handle = await client.session.call_tool("wire", {"to": "Initech", "amount": 3}, allow_claimed=True)
+            return str(handle.task_id)
+
+    task_id = run(main)
+    assert replica.task(task_id)["status"] == "input_required"  # the held call is in the store
+    assert replica.approve(task_id, by="ops@example.com")
+    deadline = time.monotonic() + 60
+    while (view := replica.task(task_id))["status"] != "completed":
+        server.task(task_id)  # both replicas poll: the call is still sent once
+        assert time.monotonic() < deadline, view
+        time.sleep(0.2)
+    assert view["result"]["structuredContent"] == {"result": "wired 3 to Initech"}
+    assert len(entries(task_id)) == 1
