@@ -3,70 +3,20 @@ process, called from a real fleet (two ``celery worker`` processes on Redis)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from aaa_celery.testing import Fleet
-from aaa_celery.testing.faults import kill9, stop_process
+from aaa_celery.testing.faults import kill9
 from aaa_celery.tools import ToolHandler
 from aaa_celery.tools.handler import store_of
 
 from . import mcp_app
-from .conftest import ROOT, free_port
+from .conftest import Stub
 
 pytestmark = [pytest.mark.redis, pytest.mark.fleet]
-
-
-class Stub:
-    def __init__(self, port: int, log: Path) -> None:
-        self.port, self.log, self.url = port, log, f"http://127.0.0.1:{port}/mcp"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, env: dict[str, str] | None = None) -> Stub:
-        import os
-
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.contrib.mcp.stub_server", str(self.port),
-                                      str(self.log)], cwd=ROOT, env={**os.environ, **(env or {})})
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with __import__("socket").create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return self
-            except OSError:
-                assert time.monotonic() < deadline, "the stub MCP server did not start"
-                time.sleep(0.1)
-
-    def requests(self, tool: str) -> list[dict[str, Any]]:
-        if not self.log.exists():
-            return []
-        lines = [json.loads(line) for line in self.log.read_text().splitlines() if line]
-        return [r for r in lines if r["tool"] == tool]
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc)
-
-
-@pytest.fixture(scope="module")
-def stub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stub]:
-    s = Stub(free_port(), tmp_path_factory.mktemp("stub") / "requests.jsonl").start()
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def mcp_env(redis_server: Any, stub: Stub) -> Iterator[dict[str, str]]:
-    url = redis_server.url.rsplit("/", 1)[0] + "/10"
-    redis.Redis.from_url(url).flushdb()
-    yield {mcp_app.ENV: url, mcp_app.STUB_ENV: stub.url}
 
 
 @pytest.fixture(scope="module")
