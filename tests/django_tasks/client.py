@@ -1,5 +1,6 @@
 """The web side of the fleet tests, in a process of its own: ``python -m tests.django_tasks.client
-'<json>'`` runs one operation through the public django.tasks API and prints its JSON answer.
+'<json list>'`` runs operations through the public django.tasks API, in order, and prints the
+JSON list of their answers (an ``"id"`` of ``"$n"`` is the id answered by operation *n*).
 
 - ``{"op": "enqueue", "task": "refund", "args": [...], "run_after_s": 10, "atomic": "commit"}``:
   ``atomic`` enqueues inside ``transaction.atomic()`` that commits, ``rollback`` rolls it back,
@@ -78,4 +79,9 @@ def main(cmd: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(json.loads(sys.argv[1]))), flush=True)
+    answers: list[dict[str, Any]] = []
+    for cmd in json.loads(sys.argv[1]):
+        if str(cmd.get("id", "")).startswith("$"):
+            cmd["id"] = answers[int(cmd["id"][1:])]["id"]
+        answers.append(main(cmd))
+    print(json.dumps(answers), flush=True)

@@ -24,47 +24,64 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Web:
-    """The web process's side: each call a fresh ``client.py`` process."""
+    """The web process's side: each call a fresh ``client.py`` process running its operations."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
 
-    def run(self, cmd: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([sys.executable, "-m", "tests.django_tasks.client", json.dumps(cmd)], cwd=ROOT,
+    def run(self, cmds: list[dict[str, Any]], check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([sys.executable, "-m", "tests.django_tasks.client", json.dumps(cmds)], cwd=ROOT,
                               env=self.env, capture_output=True, text=True, timeout=180)
         if check:
             assert done.returncode == 0, done.stderr
         return done
 
-    def __call__(self, **cmd: Any) -> dict[str, Any]:
-        return json.loads(self.run(cmd).stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    def __call__(self, *cmds: dict[str, Any]) -> list[dict[str, Any]]:
+        return json.loads(self.run(list(cmds)).stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
     def manage(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "django", *args], cwd=ROOT, env=self.env,
                               capture_output=True, text=True, timeout=120)
 
 
-@pytest.fixture
-def web(postgres_url: str, redis_url: str) -> Web:
-    engine = sa.create_engine(postgres_url)
+def enqueue(task: str, *args: Any, **more: Any) -> dict[str, Any]:
+    return {"op": "enqueue", "task": task, "args": list(args), **more}
+
+
+def wait(task: str, call_id: str = "$0", timeout: float = 60) -> dict[str, Any]:
+    return {"op": "wait", "task": task, "id": call_id, "timeout": timeout}
+
+
+@pytest.fixture(scope="module")
+def web(postgres_server: Any, redis_server: Any) -> Web:
+    """One Django project for the module: its tables made by ``manage.py migrate``."""
+    from tests.conftest import _redis_client, clean_postgres
+
+    clean_postgres(postgres_server.url)
+    client = _redis_client(redis_server.url)
+    client.flushdb()
+    client.close()
+    engine = sa.create_engine(postgres_server.url)
     with engine.begin() as conn:
         conn.execute(sa.text("DROP TABLE IF EXISTS django_migrations"))
     engine.dispose()
-    w = Web({"AAA_DT_PG": postgres_url.replace("+psycopg", ""), "AAA_DT_STORE": postgres_url,
-             "AAA_DT_BROKER": redis_url, "DJANGO_SETTINGS_MODULE": "tests.django_tasks.settings"})
+    w = Web({"AAA_DT_PG": postgres_server.url.replace("+psycopg", ""), "AAA_DT_STORE": postgres_server.url,
+             "AAA_DT_BROKER": redis_server.url, "DJANGO_SETTINGS_MODULE": "tests.django_tasks.settings"})
     done = w.manage("migrate", "-v", "0")
     assert done.returncode == 0, done.stderr
     return w
 
 
-@pytest.fixture
-def fleet(web: Web, redis_url: str, tmp_path: Path) -> Iterator[Fleet]:
+@pytest.fixture(scope="module")
+def fleet(web: Web, redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """Two prefork workers for the module; a test that kills one adds another."""
     env = {k: v for k, v in web.env.items() if k.startswith(("AAA_DT_", "DJANGO_"))}
-    f = Fleet("tests.django_tasks.celery_app", size=2, env=env, cwd=ROOT, workdir=tmp_path / "fleet")
+    f = Fleet("tests.django_tasks.celery_app", size=2, env=env, cwd=ROOT,
+              workdir=tmp_path_factory.mktemp("django-tasks-fleet"))
     failed = True
     try:
         f.start()
-        f.ledger = Ledger(redis_url)  # type: ignore[attr-defined]
+        f.ledger = Ledger(redis_server.url)  # type: ignore[attr-defined]
         yield f
         failed = False
     finally:
@@ -73,14 +90,20 @@ def fleet(web: Web, redis_url: str, tmp_path: Path) -> Iterator[Fleet]:
         f.stop()
 
 
+def kill_holder(f: Any, call_id: str) -> None:
+    """kill -9 the worker running attempt 1 of ``call_id``, and start another in its place."""
+    first = wait_for(lambda: starts(f, call_id), 60, "attempt 1's start")[0]
+    f.worker_of(first["pid"]).kill()
+    f.add()
+
+
 def starts(f: Any, call_id: str) -> list[dict[str, Any]]:
     return f.ledger.entries(call_id, "start")  # type: ignore[no-any-return]
 
 
 def test_enqueue_then_get_result_is_successful_with_one_attempt(fleet, web):
-    queued = web(op="enqueue", task="refund", args=["A-100"])
+    queued, done = web(enqueue("refund", "A-100"), wait("refund"))
     assert queued["status"] == "READY" and queued["attempts"] == 0
-    done = web(op="wait", task="refund", id=queued["id"], timeout=60)
     assert done["status"] == "SUCCESSFUL", done
     assert done["return_value"] == {"order_id": "A-100", "refunded": True, "attempt": 1}
     assert done["attempts"] == 1 and len(done["worker_ids"]) == 1
@@ -90,12 +113,11 @@ def test_enqueue_then_get_result_is_successful_with_one_attempt(fleet, web):
 
 def test_kill_9_of_the_holder_at_least_once_is_successful_with_two_attempts_and_one_effect(fleet, web):
     # Given a refund whose attempt 1 holds the call for a while
-    queued = web(op="enqueue", task="refund", args=["A-100", 30.0])
-    first = wait_for(lambda: starts(fleet, queued["id"]), 60, "attempt 1's start")[0]
+    [queued] = web(enqueue("refund", "A-100", 30.0))
     # When its worker dies by kill -9
-    fleet.worker_of(first["pid"]).kill()
+    kill_holder(fleet, queued["id"])
     # Then attempt 2 runs elsewhere, and the result says so
-    done = web(op="wait", task="refund", id=queued["id"], timeout=90)
+    [done] = web(wait("refund", queued["id"], 90))
     assert done["status"] == "SUCCESSFUL", done
     assert done["attempts"] == 2 and len(set(done["worker_ids"])) == 2
     assert done["return_value"]["attempt"] == 2
@@ -103,10 +125,9 @@ def test_kill_9_of_the_holder_at_least_once_is_successful_with_two_attempts_and_
 
 
 def test_kill_9_of_the_holder_at_most_once_fails_with_outcome_unknown_and_never_runs_twice(fleet, web):
-    queued = web(op="enqueue", task="refund_once", args=["A-100", 30.0])
-    first = wait_for(lambda: starts(fleet, queued["id"]), 60, "attempt 1's start")[0]
-    fleet.worker_of(first["pid"]).kill()
-    done = web(op="wait", task="refund_once", id=queued["id"], timeout=90)
+    [queued] = web(enqueue("refund_once", "A-100", 30.0))
+    kill_holder(fleet, queued["id"])
+    [done] = web(wait("refund_once", queued["id"], 90))
     assert done["status"] == "FAILED", done
     assert done["errors"][0][0] == "aaa_celery.errors.OutcomeUnknown"
     time.sleep(3)  # a few recovery sweeps more: still one start
@@ -115,34 +136,32 @@ def test_kill_9_of_the_holder_at_most_once_fails_with_outcome_unknown_and_never_
 
 
 def test_run_after_10_s_runs_no_earlier_and_an_async_task_runs(fleet, web):
-    deferred = web(op="enqueue", task="stamp", run_after_s=10)
-    pinged = web(op="enqueue", task="ping", args=["A"])
-    assert web(op="wait", task="ping", id=pinged["id"], timeout=60)["return_value"] == "pong A"
-    done = web(op="wait", task="stamp", id=deferred["id"], timeout=60)
+    deferred, _, pinged, done = web(enqueue("stamp", run_after_s=10), enqueue("ping", "A"), wait("ping", "$1"),
+                                    wait("stamp", "$0"))
+    assert pinged["return_value"] == "pong A"
     assert done["status"] == "SUCCESSFUL", done
     assert done["return_value"] >= deferred["enqueued_at"] + 10
     assert done["started_at"] >= deferred["enqueued_at"] + 10
 
 
 def test_a_failing_task_is_failed_with_its_exception_class_path_and_traceback(fleet, web):
-    queued = web(op="enqueue", task="fail", args=["no such order"])
-    done = web(op="wait", task="fail", id=queued["id"], timeout=60)
+    _, done = web(enqueue("fail", "no such order"), wait("fail"))
     assert done["status"] == "FAILED" and done["attempts"] == 1
     [(path, trace)] = done["errors"]
     assert path == "builtins.LookupError" and "no such order" in trace and "Traceback" in trace
 
 
 def test_enqueue_in_atomic_rolled_back_never_runs_committed_runs_once_and_survives_a_kill_after_commit(fleet, web):
-    rolled = web(op="enqueue", task="refund", args=["A-1"], atomic="rollback")
-    committed = web(op="enqueue", task="refund", args=["A-2"], atomic="commit")
     # the web process killed right after its commit, before it could publish: the fleet sends it
-    killed = web.run({"op": "enqueue", "task": "refund", "args": ["A-3"], "atomic": "kill"}, check=False)
+    killed = web.run([enqueue("refund", "A-3", atomic="kill")], check=False)
     assert killed.returncode == -9, killed.stderr
     killed_id = json.loads(killed.stdout.splitlines()[0])["id"]
-    assert web(op="wait", task="refund", id=committed["id"], timeout=60)["status"] == "SUCCESSFUL"
-    done = web(op="wait", task="refund", id=killed_id, timeout=60)
+    rolled, committed, committed_done, done, missing = web(
+        enqueue("refund", "A-1", atomic="rollback"), enqueue("refund", "A-2", atomic="commit"),
+        wait("refund", "$1"), wait("refund", killed_id), {"op": "get", "task": "refund", "id": "$0"})
+    assert committed_done["status"] == "SUCCESSFUL"
     assert done["status"] == "SUCCESSFUL", done
-    assert web(op="get", task="refund", id=rolled["id"]) == {"id": rolled["id"], "missing": True}
+    assert missing == {"id": rolled["id"], "missing": True}
     assert starts(fleet, rolled["id"]) == []
     assert [e["attempt"] for e in starts(fleet, committed["id"])] == [1]
     assert [e["attempt"] for e in starts(fleet, killed_id)] == [1]
