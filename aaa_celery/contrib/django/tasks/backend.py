@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -169,9 +169,9 @@ class GuardedBackend(_api.BaseTaskBackend):
                        priority=task.priority, run_after=task.run_after, enqueued_at=timezone.now())
         db = self.database
         row.save(using=db, force_insert=True)
-        transaction.on_commit(lambda: outbox.publish(self, row.id), using=db)
         result = task_result(task, row, [], None)
         _api.task_enqueued.send(sender=type(self), task_result=result)
+        transaction.on_commit(lambda: outbox.publish(self, row.id), using=db)  # at once without a transaction
         return result
 
     def get_result(self, result_id: str) -> Any:
@@ -194,5 +194,5 @@ class GuardedBackend(_api.BaseTaskBackend):
 
         TaskCall.objects.using(self.database).filter(id=call_id).update(error_path=path, error_traceback=text)
 
-    def check(self, **kwargs: Any) -> Iterable[Any]:
+    def check(self, **kwargs: Any) -> list[Any]:
         return checks.check_backend(self)

@@ -24,6 +24,8 @@ log = logging.getLogger("aaa_celery.contrib.django.tasks")
 
 #: The guard's refusals: a delivery that finds one has ended the call, as a finished attempt does.
 _ENDINGS = ("OutcomeUnknown", "ExecutionAbandoned")
+#: set on a delivery's request once it ran the task function
+_RAN = "aaa_django_ran"
 
 
 def _backend(alias: str) -> Any:
@@ -67,7 +69,7 @@ class DjangoTaskRunner(GuardedTask):
         backend = _backend(self.django_backend)
         task = _django_task(self.django_task)
         result = backend.get_result(ctx.call_id)
-        self.request.aaa_django_ran = True
+        setattr(self.request, _RAN, True)  # noqa: B010 - a mark on this delivery's request
         _api.task_started.send(sender=type(backend), task_result=result)
         call_args = (_api.TaskContext(task_result=result), *args) if task.takes_context else args
         try:
@@ -82,7 +84,7 @@ class DjangoTaskRunner(GuardedTask):
         that ran the function, or a delivery the guard refused (the call ended unknown)."""
         super().after_return(status, retval, task_id, args, kwargs, einfo)
         refused = einfo is not None and type(einfo.exception).__name__ in _ENDINGS
-        if not (getattr(self.request, "aaa_django_ran", False) or refused):
+        if not (getattr(self.request, _RAN, False) or refused):
             return
         try:
             backend = _backend(self.django_backend)

@@ -81,7 +81,7 @@ def task_result(task: Any, row: Row, events: Sequence[Event], outcome: Outcome |
         state = status.SUCCESSFUL if outcome.ok else status.FAILED
     else:
         state = status.RUNNING if starts else status.READY
-    result = _api.TaskResult(
+    result: Any = _api.TaskResult(
         task=task,
         id=row.id,
         status=state,
