@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, router, transaction
@@ -21,8 +21,14 @@ from .results import task_result
 GUARD_FIELDS = ("delivery", "max_attempts", "idempotency_key", "guard")
 
 
+if TYPE_CHECKING:
+    _Task = _api.Task[Any, Any]
+else:  # Django 6's Task is not generic at run time (the backport's and the stubs' are)
+    _Task = _api.Task
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class GuardedTaskDef(_api.Task[Any, Any]):
+class GuardedTaskDef(_Task):
     """A ``@task`` with the guard's options (``task_class`` of :class:`GuardedBackend`)::
 
         @task(delivery="at_most_once", max_attempts=1, guard={"lease_ttl_s": 30},
