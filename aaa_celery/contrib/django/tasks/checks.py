@@ -86,6 +86,9 @@ def check_backend(backend: Any) -> list[checks.CheckMessage]:
         backend.app  # noqa: B018 - loads it
     except (ImproperlyConfigured, ImportError) as e:
         return [*found, _error(6, str(e), "set OPTIONS['APP'] to 'proj.celery:app'", backend)]
+    from django.utils.module_loading import autodiscover_modules
+
+    autodiscover_modules("tasks")  # every app's tasks module, as Celery's autodiscovery imports them
     tasks = _tasks(backend)
     found[:0] = [*_store(backend), *_acks(backend, tasks), *_visibility(backend, tasks), *_queues(backend)]
     return found
