@@ -81,3 +81,22 @@ def test_a_bad_guard_option_fails_when_the_task_is_defined_naming_the_field(redi
         kind, message = refused[line]
         assert kind in ("InvalidTask", "InvalidTaskError", "ConfigError"), (line, kind, message)
         assert field in message, (line, message)
+
+
+def test_manage_py_check_passes_on_the_example_and_its_refund_task_runs(redis_url, tmp_path):
+    example = ROOT / "examples" / "django_project"
+    env = {**os.environ, "PYTHONPATH": f"{example}{os.pathsep}{ROOT}", "AAA_REDIS_URL": redis_url}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    done = subprocess.run([sys.executable, "manage.py", "check"], cwd=example, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no issues" in done.stdout
+    # the refund, eagerly (no worker): enqueued, run under the guard, its result read from the store
+    script = ("from django.core.management import call_command; call_command('migrate', verbosity=0); "
+              "from proj.celery import app; app.conf.task_always_eager = True; "
+              "from shop.tasks import refund; r = refund.enqueue('A-100', 500); d = refund.get_result(r.id); "
+              "print(d.status, d.attempts, d.return_value)")
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=example, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "SUCCESSFUL 1 {'order_id': 'A-100', 'refunded_cents': 500}"
