@@ -105,6 +105,8 @@ class GuardedBackend(_api.BaseTaskBackend):
     supports_async_task = True
     supports_get_result = True
     supports_priority = True
+    #: its enqueues are rows that the fleet's workers drain (:mod:`.outbox`)
+    outbox = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)

@@ -93,14 +93,13 @@ def drain(backend: Any, grace_s: float, limit: int = 100) -> int:
 
 
 def guarded_backends() -> list[Any]:
-    """This project's ``GuardedBackend`` aliases, as backends."""
+    """This project's backends that keep an outbox (``GuardedBackend``'s ``outbox`` flag)."""
     from django.conf import settings
 
     from . import _api
-    from .backend import GuardedBackend
 
     aliases = list(getattr(settings, "TASKS", {}) or {})
-    return [b for b in (_api.task_backends[a] for a in aliases) if isinstance(b, GuardedBackend)]
+    return [b for b in (_api.task_backends[a] for a in aliases) if getattr(b, "outbox", False) is True]
 
 
 class OutboxStep(bootsteps.StartStopStep):
