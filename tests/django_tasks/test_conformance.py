@@ -45,9 +45,13 @@ def newer_python() -> str | None:
     return None
 
 
+NEWER = newer_python()
+
+
+# the test id names the Python it ran on (``--durations`` and ``-v`` show it in CI's log)
 @pytest.mark.build
-def test_conformance_on_django_6(tmp_path):
-    python = newer_python()
+@pytest.mark.parametrize("python", [NEWER], ids=[f"python={NEWER or 'none'}"])
+def test_conformance_on_django_6(python, tmp_path):
     if python is None:
         pytest.skip("no Python >= 3.12 on this machine: Django 6 cannot be installed, its run is skipped")
     venv = tmp_path / "venv"
