@@ -142,19 +142,17 @@ class GuardedBackend(_api.BaseTaskBackend):
 
     def celery_task(self, task: Any) -> Any:
         """The guarded Celery task of ``task`` (made on first use, named by its module path)."""
-        name = task.module_path
-        app = self.app
-        found = app._tasks.get(name)  # the registry itself: reading app.tasks would finalize the app
-        if found is not None:
-            return found
         from .execute import DjangoTaskRunner
+
+        name = task.module_path
 
         def run(*args: Any, **kwargs: Any) -> Any:  # pragma: no cover - DjangoTaskRunner.body runs the task
             raise NotImplementedError
 
         run.__module__, run.__qualname__ = task.func.__module__, task.func.__qualname__
-        return app.task(run, base=DjangoTaskRunner, name=name, shared=False, lazy=False,
-                        django_task=name, django_backend=self.alias, **guard_options(task))
+        # lazy=False: registered now, without finalizing the app; a name it has returns its task
+        return self.app.task(run, base=DjangoTaskRunner, name=name, shared=False, lazy=False,
+                             django_task=name, django_backend=self.alias, **guard_options(task))
 
     # -- django.tasks' contract ------------------------------------------------------------------
     def validate_task(self, task: Any) -> None:

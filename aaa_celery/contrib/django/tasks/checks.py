@@ -26,6 +26,7 @@ def _error(n: int, msg: str, hint: str, backend: Any) -> checks.Error:
 def _tasks(backend: Any) -> list[Any]:
     from .execute import DjangoTaskRunner
 
+    # the registry as it is (app.tasks would finalize the app, and a worker checks while it starts)
     return [t for t in backend.app._tasks.values()
             if isinstance(t, DjangoTaskRunner) and t.django_backend == backend.alias]
 
