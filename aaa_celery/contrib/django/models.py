@@ -1,7 +1,7 @@
-"""The tables of :func:`aaa_celery.contrib.django.effects.once`, created by this app's migration.
-
-They are the very tables :class:`aaa_celery.effects.EffectLog` defines for SQLAlchemy, so a
-project that uses both reads one set of records.
+"""This app's tables, created by its migrations: those of
+:func:`aaa_celery.contrib.django.effects.once` (the very tables :class:`aaa_celery.effects.EffectLog`
+defines for SQLAlchemy, so a project that uses both reads one set of records), and the outbox of
+the ``django.tasks`` backend (:class:`TaskCall`).
 """
 
 from __future__ import annotations
