@@ -1,10 +1,13 @@
-"""The tables of :func:`aaa_celery.contrib.django.effects.once`, created by this app's migration.
-
-They are the very tables :class:`aaa_celery.effects.EffectLog` defines for SQLAlchemy, so a
-project that uses both reads one set of records.
+"""This app's tables, created by its migrations: those of
+:func:`aaa_celery.contrib.django.effects.once` (the very tables :class:`aaa_celery.effects.EffectLog`
+defines for SQLAlchemy, so a project that uses both reads one set of records), and the outbox of
+the ``django.tasks`` backend (:class:`TaskCall`).
 """
 
 from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
 
 from django.db import models
 
@@ -29,3 +32,31 @@ class EffectFence(models.Model):
 
     class Meta:
         db_table = "aaa_effect_fences"
+
+
+class TaskCall(models.Model):
+    """A ``django.tasks`` call as :class:`~aaa_celery.contrib.django.tasks.GuardedBackend`
+    enqueued it: the outbox row, written in the app's own transaction, and what a
+    ``TaskResult`` shows beside the guard's store (its task, arguments and ``enqueued_at``).
+
+    Its status, attempts and result are the guard store's; ``error_path`` and
+    ``error_traceback`` add the class path and traceback of the exception the store names.
+    """
+
+    id: models.CharField[str, str] = models.CharField(primary_key=True, max_length=64)  # the call id
+    backend: models.CharField[str, str] = models.CharField(max_length=100)
+    task_path: models.TextField[str, str] = models.TextField()
+    args: models.JSONField[Any, Any] = models.JSONField(default=list)
+    kwargs: models.JSONField[Any, Any] = models.JSONField(default=dict)
+    queue_name: models.CharField[str, str] = models.CharField(max_length=200)
+    priority: models.IntegerField[int, int] = models.IntegerField(default=0)
+    run_after: models.DateTimeField[datetime | None, datetime | None] = models.DateTimeField(null=True)
+    enqueued_at: models.DateTimeField[datetime, datetime] = models.DateTimeField()
+    #: None until the message is with the broker: the rows the fleet drains
+    published_at: models.DateTimeField[datetime | None, datetime | None] = models.DateTimeField(null=True)
+    error_path: models.TextField[str, str] = models.TextField(default="", blank=True)
+    error_traceback: models.TextField[str, str] = models.TextField(default="", blank=True)
+
+    class Meta:
+        db_table = "aaa_django_tasks"
+        indexes = [models.Index(fields=["published_at", "enqueued_at"], name="aaa_django_tasks_unsent")]

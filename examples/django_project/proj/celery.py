@@ -2,7 +2,7 @@
 
 Workers, one per pool, from ``examples/django_project``::
 
-    AAA_REDIS_URL=redis://127.0.0.1:6379/0 celery -A proj worker -Q aaa.default -c 8
+    AAA_REDIS_URL=redis://127.0.0.1:6379/0 celery -A proj worker -Q aaa.default,default -c 8
 """
 
 import os

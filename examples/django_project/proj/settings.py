@@ -1,4 +1,5 @@
-"""Settings of the example project: Celery under ``CELERY_*``, agent runs under ``AAA_CELERY``.
+"""Settings of the example project: Celery under ``CELERY_*``, agent runs under ``AAA_CELERY``,
+guarded ``django.tasks`` under ``TASKS``.
 
 By default runs use the embedded engine (no server). With ``AAA_REDIS_URL`` set,
 tool calls go to a Redis fleet of ``celery -A proj worker`` processes.
@@ -13,7 +14,15 @@ ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
 ROOT_URLCONF = "proj.urls"
 USE_TZ = True
 
+try:
+    import django.tasks  # noqa: F401 - Django 6: the task API is Django's own
+
+    _TASKS_APP: list[str] = []
+except ImportError:  # before Django 6: the django-tasks backport
+    _TASKS_APP = ["django_tasks"]
+
 INSTALLED_APPS = [
+    *_TASKS_APP,
     "aaa_celery.contrib.django",
     "shop",
 ]
@@ -33,6 +42,16 @@ CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_AAA_STORE_URL = CELERY_BROKER_URL
+CELERY_TASK_DEFAULT_QUEUE = "default"  # the queue of django.tasks' @task (shop/tasks.py)
+
+# django.tasks, run guarded on the fleet (shop/tasks.py; `manage.py migrate` makes the outbox)
+TASKS = {
+    "default": {
+        "BACKEND": "aaa_celery.contrib.django.tasks.GuardedBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {"APP": "proj.celery:app"},
+    },
+}
 
 # Agent runs
 AAA_CELERY = {
