@@ -28,9 +28,9 @@ recorded result and no effect repeats.
 
 **Errors** (see ``docs/openai-agents.md``): ``ToolArgsError``, ``PolicyDenied``,
 ``ExecutionAbandoned`` and a tool's own ``ToolError`` become a tool output the model reads,
-formatted by ``failure_error_function`` (the SDK's ``default_tool_error_function``, as for an
-unguarded tool), so a model that sent bad arguments reads the validation error and tries
-again. ``OutcomeUnknown`` is raised out of ``Runner.run`` for the app to catch: whether the
+formatted by ``failure_error_function`` (:func:`guard_error_function`: ``<Type>: <message>``),
+so a model that sent bad arguments reads the validation error and tries again; a tool body's
+other exceptions read as the SDK's ``default_tool_error_function`` shows them unguarded. ``OutcomeUnknown`` is raised out of ``Runner.run`` for the app to catch: whether the
 effect happened is for a person to verify, not for the model to guess. ``raise_on`` moves any
 of them to the other side.
 
@@ -54,7 +54,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from celery import Celery
 
@@ -78,7 +78,7 @@ from ..tools.handler import ToolHandler
 from ..tools.tool import Tool
 
 try:
-    from agents import FunctionTool, RunContextWrapper, default_tool_error_function
+    from agents import AgentsException, FunctionTool, RunContextWrapper, default_tool_error_function
     from agents.tool_context import ToolContext as AgentToolContext
 except ImportError as e:  # pragma: no cover - the extra is missing
     raise ImportError("aaa_celery.contrib.openai_agents needs the OpenAI Agents SDK: "
@@ -103,6 +103,27 @@ ERRORS: dict[str, type[ToolError]] = {
 DEFAULT_RAISE_ON = frozenset({"OutcomeUnknown"})
 
 ErrorFunction = Callable[[RunContextWrapper[Any], Exception], "str | Awaitable[str]"]
+
+
+def _raised(kind: type[ToolError]) -> type[ToolError]:
+    """``kind`` as the SDK lets it out of ``Runner.run``: also an ``AgentsException`` (any other
+    exception of a tool reaches the app wrapped in ``UserError``); ``except OutcomeUnknown`` catches it."""
+    return cast("type[ToolError]", type(kind.__name__, (kind, AgentsException),
+                                       {"__module__": __name__, "__doc__": kind.__doc__}))
+
+
+#: What ``raise_on`` raises, by the error's type name.
+RAISED = {name: _raised(kind) for name, kind in ERRORS.items()}
+
+
+def guard_error_function(ctx: RunContextWrapper[Any], error: Exception) -> str:
+    """The default ``failure_error_function``: a guard's error (a ``ToolError``: bad arguments,
+    a refusal, a lost call, the tool's own ``ToolError``) as ``<Type>: <message>``, written for
+    the model, as the engine shows it; any other failure of a tool as the SDK shows it
+    (``default_tool_error_function``: a fixed text, the exception hidden)."""
+    if isinstance(error, ToolError):
+        return f"{type(error).__name__}: {error}"
+    return default_tool_error_function(ctx, error)
 
 
 @dataclass
@@ -136,7 +157,7 @@ class AgentTools:
         app: the Celery app of the fleet (its result backend carries the results back).
         handler: the tools and their guard policies; bound to ``app`` here.
         failure_error_function: turns an error the model reads into its tool output
-            (default: the SDK's ``default_tool_error_function``).
+            (default: :func:`guard_error_function`).
         raise_on: the type names of the errors raised out of ``Runner.run`` instead
             (default ``{"OutcomeUnknown"}``); any of ``ERRORS``.
         approval_ttl_s: how long a request for approval stays open (default 24 h).
@@ -144,7 +165,7 @@ class AgentTools:
     """
 
     def __init__(self, app: Celery, handler: ToolHandler, *,
-                 failure_error_function: ErrorFunction = default_tool_error_function,
+                 failure_error_function: ErrorFunction = guard_error_function,
                  raise_on: Collection[str] = DEFAULT_RAISE_ON,
                  approval_ttl_s: float = DEFAULT_APPROVAL_TTL_S, poll_s: float = 0.02) -> None:
         if isinstance(raise_on, str) or not set(raise_on) <= set(ERRORS):
@@ -240,9 +261,12 @@ class AgentTools:
     async def _outcome(self, ctx: AgentToolContext[Any], fact: ToolFact) -> Any:
         if fact.ok:
             return fact.value
-        error = ERRORS.get(fact.error or "", ToolError)(fact.message, call_id=fact.call_id, tool=fact.name)
+        context = {"call_id": fact.call_id, "tool": fact.name}
         if fact.error in self.raise_on:
-            raise error
+            raise RAISED[fact.error or ""](fact.message, **context)
+        kind = ERRORS.get(fact.error or "")
+        # a tool body's own exception (not the guard's) reads as it would without the guard
+        error = kind(fact.message, **context) if kind is not None else RuntimeError(f"{fact.error}: {fact.message}")
         return await self._model_reads(ctx, error)
 
     async def _model_reads(self, ctx: AgentToolContext[Any], error: Exception) -> str:
@@ -369,4 +393,4 @@ class AgentTools:
         store.put_run(record)
 
 
-__all__ = ["ALGO", "AgentRun", "AgentTools", "DEFAULT_RAISE_ON", "ERRORS"]
+__all__ = ["ALGO", "AgentRun", "AgentTools", "DEFAULT_RAISE_ON", "ERRORS", "RAISED", "guard_error_function"]

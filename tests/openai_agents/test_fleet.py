@@ -53,6 +53,7 @@ class Fleet:
 def fleet(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     url = redis_server.url.rsplit("/", 1)[0] + "/11"  # a db of our own
     redis.Redis.from_url(url).flushdb()
+    os.environ[aa.ENV] = url  # the plain agent's tools run in this process and write the ledger too
     logdir: Path = tmp_path_factory.mktemp("agents-fleet")
     workers: list[Worker] = []
     try:
@@ -64,6 +65,7 @@ def fleet(redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield f
         f.redis.close()
     finally:
+        os.environ.pop(aa.ENV, None)
         for w in workers:
             w.stop()
 
@@ -182,7 +184,7 @@ def test_bad_arguments_the_model_reads_the_validation_error_and_retries(fleet: F
     with StubModelServer("openai", script) as server:
         result = asyncio.run(drive(fleet.guard, guarded(fleet.guard, server.base_url), "go", "bad-args"))
         first_error = next(m["content"] for m in server.bodies[1]["messages"] if m["role"] == "tool")
-    assert "amount" in first_error and "Please try again" in first_error  # the SDK's own wording
+    assert first_error.startswith("ToolArgsError: ") and "amount" in first_error
     assert result.final_output.endswith("refunded 5 EUR on B-1")
     assert [e["amount"] for e in fleet.ledger("refund") if e["order_id"] == "B-1"] == [5]
 
@@ -200,9 +202,8 @@ def test_wrapping_gives_the_same_final_output_as_the_plain_agent(fleet: Fleet):
 def test_an_approval_waits_is_decided_in_another_process_by_digest_and_the_call_runs_once(fleet: Fleet):
     script = Script([("call_t", "transfer", {"to": "Ana", "amount": 40})])
     with StubModelServer("openai", script) as server:
-        agent = guarded(fleet.guard, server.base_url)
-
         async def first() -> tuple[str, Any]:
+            agent = guarded(fleet.guard, server.base_url)  # one client per event loop
             with fleet.guard.run("approve-1"):
                 result = await Runner.run(agent, "pay Ana")
                 pending = fleet.guard.request_approvals(result.interruptions, result.context_wrapper)
@@ -229,6 +230,7 @@ def test_an_approval_waits_is_decided_in_another_process_by_digest_and_the_call_
             fleet.guard.approve("approve-1", request.call_id, request.digest)
 
         async def resume() -> Any:
+            agent = guarded(fleet.guard, server.base_url)
             state = await RunState.from_string(agent, saved)
             for item in state.get_interruptions():
                 state.approve(item)
