@@ -72,7 +72,7 @@ from ..protocol import check_run_id, check_tenant, mint_call_id
 from ..runtime.approvals import DEFAULT_APPROVAL_TTL_S, PendingApproval, arguments_hash, check_ttl, stored_approval
 from ..runtime.executor import ToolExecutor
 from ..runtime.results import ToolFact
-from ..stores.runs import RunRecord, run_key
+from ..runtime.runstate import RunRecord, run_key
 from ..tools.args import CheckedArgs
 from ..tools.handler import ToolHandler
 from ..tools.tool import Tool
