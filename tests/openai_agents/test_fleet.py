@@ -260,3 +260,36 @@ def test_an_sdk_approval_without_the_guard_s_grant_is_refused_and_nothing_runs(f
         result = asyncio.run(both())
     assert "no person approved this call" in result.final_output
     assert [e for e in fleet.ledger("transfer") if e["to"] == "Bob"] == []
+
+
+def test_the_engine_s_approval_views_list_the_request_and_decide_it_as_the_web_pages_do(fleet: Fleet):
+    from aaa_celery.runtime import APPROVAL_GRANTED, Engine
+
+    script = Script([("call_t", "transfer", {"to": "Cleo", "amount": 3})])
+    with StubModelServer("openai", script) as server:
+        async def first() -> tuple[str, Any]:
+            with fleet.guard.run("approve-3", tenant="acme"):
+                result = await Runner.run(guarded(fleet.guard, server.base_url), "pay Cleo")
+                pending = fleet.guard.request_approvals(result.interruptions, result.context_wrapper)
+            return result.to_state().to_string(), pending
+
+        saved, (request,) = asyncio.run(first())
+        # what the Flask and Django pages read and call: the engine's views of the store
+        engine = Engine(app=fleet.app)
+        listed = [p for p in engine.pending_approvals(tenant="acme") if p.run_id == "approve-3"]
+        assert [(p.call_id, p.digest) for p in listed] == [(request.call_id, request.digest)]
+        engine.get("approve-3", tenant="acme").signal(APPROVAL_GRANTED, {"call_id": request.call_id,
+                                                                         "digest": request.digest})
+
+        async def resume() -> Any:
+            agent = guarded(fleet.guard, server.base_url)
+            state = await RunState.from_string(agent, saved)
+            for item in state.get_interruptions():
+                state.approve(item)
+            with fleet.guard.run("approve-3", tenant="acme"):
+                return await Runner.run(agent, state)
+
+        result = asyncio.run(resume())
+    assert result.final_output == "done: sent 3 EUR to Cleo"
+    assert [e["to"] for e in fleet.ledger("transfer") if e["to"] == "Cleo"] == ["Cleo"]
+    assert engine.get("approve-3", tenant="acme").status == "completed"
