@@ -107,29 +107,35 @@ def test_happy_path_the_output_uses_both_results_and_the_store_shows_one_attempt
         assert [e.type for e in fleet.guard.store.events(call_id)][-1] == "aaa.tool.completed"
 
 
-def test_kill_9_of_the_refund_holder_raises_outcome_unknown_and_the_refund_never_starts_again(fleet: Fleet):
-    script = Script([("call_r", "refund", {"order_id": "HANG-1", "amount": 30})])
-    killed: list[int] = []
+def drive_killing(fleet: Fleet, script: Script, run_id: str, tool: str, field: str, value: str) -> Any:
+    """Drive a run and ``kill -9`` the pool child whose ledger entry of ``tool`` has ``field == value``
+    once it started (a pool child of our own worker, by the pid it wrote)."""
+    def started() -> list[int]:
+        return [e["pid"] for e in fleet.ledger(tool) if e[field] == value]
 
     async def go() -> Any:
         async def kill_it() -> None:
-            while not fleet.ledger("refund") or not any(e["order_id"] == "HANG-1" for e in fleet.ledger("refund")):
+            while not started():
                 await asyncio.sleep(0.05)
-            pid = next(e["pid"] for e in fleet.ledger("refund") if e["order_id"] == "HANG-1")
-            os.kill(pid, signal.SIGKILL)  # a pool child of our own worker
-            killed.append(pid)
+            os.kill(started()[0], signal.SIGKILL)
 
         with StubModelServer("openai", script) as server:
             killer = asyncio.create_task(kill_it())
             try:
                 return await asyncio.wait_for(drive(fleet.guard, guarded(fleet.guard, server.base_url), "go",
-                                                    "lost-refund"), 90)
+                                                    run_id), 90)
             finally:
+                assert killer.done(), "the run ended before its tool started"
                 killer.cancel()
 
+    return asyncio.run(go())
+
+
+def test_kill_9_of_the_refund_holder_raises_outcome_unknown_and_the_refund_never_starts_again(fleet: Fleet):
+    script = Script([("call_r", "refund", {"order_id": "HANG-1", "amount": 30})])
     with pytest.raises(OutcomeUnknown) as caught:
-        asyncio.run(go())
-    assert killed and "verify" in str(caught.value).lower()
+        drive_killing(fleet, script, "lost-refund", "refund", "order_id", "HANG-1")
+    assert "verify" in str(caught.value).lower()
     (call_id,) = calls(fleet, "lost-refund", "refund")
     assert caught.value.call_id == call_id  # type: ignore[attr-defined]
     time.sleep(2)  # recovery had its chances to send it again
@@ -139,22 +145,7 @@ def test_kill_9_of_the_refund_holder_raises_outcome_unknown_and_the_refund_never
 
 def test_kill_9_of_the_search_holder_brings_attempt_2_s_result_to_the_agent(fleet: Fleet):
     script = Script([("call_s", "search", {"query": "hang boots"})])
-
-    async def go() -> Any:
-        async def kill_it() -> None:
-            while not any(e["query"] == "hang boots" for e in fleet.ledger("search")):
-                await asyncio.sleep(0.05)
-            os.kill(next(e["pid"] for e in fleet.ledger("search") if e["query"] == "hang boots"), signal.SIGKILL)
-
-        with StubModelServer("openai", script) as server:
-            killer = asyncio.create_task(kill_it())
-            try:
-                return await asyncio.wait_for(drive(fleet.guard, guarded(fleet.guard, server.base_url), "go",
-                                                    "lost-search"), 90)
-            finally:
-                killer.cancel()
-
-    result = asyncio.run(go())
+    result = drive_killing(fleet, script, "lost-search", "search", "query", "hang boots")
     assert result.final_output == "done: 3 results for hang boots"
     (call_id,) = calls(fleet, "lost-search", "search")
     assert fleet.attempts(call_id) == [1, 2]
