@@ -72,13 +72,13 @@ from ..protocol import check_run_id, check_tenant, mint_call_id
 from ..runtime.approvals import DEFAULT_APPROVAL_TTL_S, PendingApproval, arguments_hash, check_ttl, stored_approval
 from ..runtime.executor import ToolExecutor
 from ..runtime.results import ToolFact
-from ..runtime.runstate import RunRecord, run_key
+from ..runtime.runstate import RunRecord, keeps_runs, run_key
 from ..tools.args import CheckedArgs
 from ..tools.handler import ToolHandler
 from ..tools.tool import Tool
 
 try:
-    from agents import AgentsException, FunctionTool, RunContextWrapper, default_tool_error_function
+    from agents import AgentsException, FunctionTool, RunContextWrapper, UserError, default_tool_error_function
     from agents.tool_context import ToolContext as AgentToolContext
 except ImportError as e:  # pragma: no cover - the extra is missing
     raise ImportError("aaa_celery.contrib.openai_agents needs the OpenAI Agents SDK: "
@@ -231,9 +231,9 @@ class AgentTools:
 
     def _scope(self, t: Tool[..., Any]) -> AgentRun:
         run = _current.get()
-        if run is None:
-            raise ConfigError(f"tool {t.name!r} was called outside a guarded run: call Runner.run inside "
-                              "`with agent_tools.run(run_id=..., tenant=...):`")
+        if run is None:  # the SDK's error for a misuse: it leaves Runner.run as it is
+            raise UserError(f"tool {t.name!r} was called outside a guarded run: call Runner.run inside "
+                            "`with agent_tools.run(run_id=..., tenant=...):`")
         return run
 
     async def _invoke(self, t: Tool[..., Any], ctx: AgentToolContext[Any], raw: str) -> Any:
@@ -299,6 +299,9 @@ class AgentTools:
                 arguments=copy.deepcopy(checked.shown), ttl_s=self.approval_ttl_s, tool_call_id=item.call_id))
         if found:
             store = self.store
+            if not keeps_runs(store):
+                raise ConfigError(f"AgentTools.request_approvals: the store {type(store).__name__} keeps no run "
+                                  "records, where requests for approval are kept; use a built-in store")
             record = store.get_run(run.key) or RunRecord(run.run_id, run.tenant, ALGO, started_at=time.time())
             for p in found:
                 record.approvals[p.call_id] = {**p.to_dict(), "args_hash": p.args_hash, "state": "open",
@@ -377,7 +380,7 @@ class AgentTools:
     def _settle(self, run: AgentRun) -> None:
         """At the end of a drive, a run record this adapter made waits while a request is open."""
         store = self.store
-        record = store.get_run(run.key)
+        record = store.get_run(run.key) if keeps_runs(store) else None
         if record is None or record.algo != ALGO:
             return
         for call_id, request in record.approvals.items():
