@@ -14,7 +14,7 @@ from typing import Any
 
 from celery import Celery
 
-from aaa_celery.tools import ToolHandler, ToolRegistry, tool
+from aaa_celery.tools import ToolContext, ToolHandler, ToolRegistry, tool
 
 ENV = "AAA_AGENTS_REDIS"
 LEDGER_KEY = "aaa:test:agents-ledger"
@@ -64,7 +64,14 @@ def transfer(to: str, amount: int) -> str:
     return f"sent {amount} EUR to {to}"
 
 
+def lookup(order_id: str, ctx: ToolContext) -> str:
+    """Look an order up (a tool that reads its guard context: its ids)."""
+    record("lookup", order_id=order_id, tool_call_id=ctx.tool_call_id, call_id=ctx.call_id)
+    return f"order {order_id} is paid"
+
+
 REGISTRY = ToolRegistry([
+    tool(lookup),
     tool(search, delivery="at_least_once"),
     tool(refund, delivery="at_most_once"),
     tool(transfer, delivery="at_most_once", requires_approval=True),

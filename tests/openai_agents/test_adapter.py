@@ -26,7 +26,8 @@ def app() -> Celery:
 
 def test_each_tool_is_a_function_tool_with_the_function_s_schema_and_approval():
     tools = {t.name: t for t in AgentTools(app(), aa.handler()).function_tools()}
-    assert sorted(tools) == ["refund", "search", "transfer"]
+    assert sorted(tools) == ["lookup", "refund", "search", "transfer"]
+    assert "ctx" not in tools["lookup"].params_json_schema["properties"]  # the guard's context is no argument
     refund = tools["refund"]
     assert refund.description.startswith("Refund an order")
     assert refund.params_json_schema["required"] == ["order_id", "amount"]

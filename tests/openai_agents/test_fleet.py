@@ -131,6 +131,13 @@ def drive_killing(fleet: Fleet, script: Script, run_id: str, tool: str, field: s
     return asyncio.run(go())
 
 
+def test_the_model_s_tool_call_id_reaches_the_tool_as_ctx_tool_call_id_beside_the_guard_s_call_id(fleet: Fleet):
+    run(fleet, Script([("call_lookup_7", "lookup", {"order_id": "D-4"})]), "go", "ids")
+    (entry,) = [e for e in fleet.ledger("lookup") if e["order_id"] == "D-4"]
+    assert entry["tool_call_id"] == "call_lookup_7"
+    assert [entry["call_id"]] == calls(fleet, "ids", "lookup") and "call_lookup_7" not in entry["call_id"]
+
+
 def test_kill_9_of_the_refund_holder_raises_outcome_unknown_and_the_refund_never_starts_again(fleet: Fleet):
     script = Script([("call_r", "refund", {"order_id": "HANG-1", "amount": 30})])
     with pytest.raises(OutcomeUnknown) as caught:
