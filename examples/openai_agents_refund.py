@@ -22,11 +22,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
 from celery import Celery
-from openai import AsyncOpenAI
 
-from aaa_celery.contrib.openai_agents import AgentTools
 from aaa_celery.tools import ToolHandler, ToolRegistry, tool
 
 URL = os.environ.get("AAA_REDIS_URL", "redis://localhost:6379/0")
@@ -81,6 +78,12 @@ class StubModel(BaseHTTPRequestHandler):
 
 
 async def main() -> None:
+    # the web process's imports: a worker runs the tools and never needs the SDK
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    from aaa_celery.contrib.openai_agents import AgentTools
+
     set_tracing_disabled(True)
     server = ThreadingHTTPServer(("127.0.0.1", 0), StubModel)
     threading.Thread(target=server.serve_forever, daemon=True).start()
