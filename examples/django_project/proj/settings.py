@@ -30,7 +30,9 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
 ]
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+# A file, so that what `manage.py migrate` makes is there for runserver and the workers.
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3",
+                         "NAME": os.environ.get("AAA_DJANGO_DB") or os.path.join(BASE_DIR, "db.sqlite3")}}
 
 REDIS_URL = os.environ.get("AAA_REDIS_URL")
 

@@ -1,7 +1,10 @@
 """``manage.py check`` for :class:`~aaa_celery.contrib.django.tasks.GuardedBackend` (Django's
 system checks call ``backend.check()``). Each finding has an id:
 
-- ``aaa_celery.E001``: no store (``aaa_store_url``, else a Redis broker), or one that cannot be reached.
+- ``aaa_celery.E001``: no store (``aaa_store_url``, else a Redis broker).
+- ``aaa_celery.W001``: the store cannot be reached now. A warning, so that ``migrate`` and
+  ``runserver`` go on while its server is down (Django's own database checks, too, run only
+  when asked); a worker waits for it.
 - ``aaa_celery.E002``: a task with ``acks_late`` off (a dead worker's message is lost).
 - ``aaa_celery.E003``: a task with ``reject_on_worker_lost`` off (the same, for a killed child).
 - ``aaa_celery.E004``: a Redis ``visibility_timeout`` below a task's lease TTL (the broker
@@ -32,11 +35,16 @@ def _tasks(backend: Any) -> list[Any]:
 
 
 def _store(backend: Any) -> list[checks.CheckMessage]:
+    from ....errors import ConfigError
+
     try:
         backend.store().now()
+    except ConfigError as e:
+        return [_error(1, f"no guard store: {e}", "set the app's aaa_store_url (or use a Redis broker)", backend)]
     except Exception as e:
-        return [_error(1, f"the guard's store cannot be reached: {type(e).__name__}: {e}",
-                       "set the app's aaa_store_url (or use a Redis broker), and start its server", backend)]
+        return [checks.Warning(f"the guard's store cannot be reached: {type(e).__name__}: {e}",
+                               hint="start its server (workers and enqueue need it)",
+                               obj=f"TASKS[{backend.alias!r}]", id="aaa_celery.W001")]
     return []
 
 
