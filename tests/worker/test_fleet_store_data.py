@@ -28,14 +28,15 @@ def test_a_nul_character_fails_its_call_within_10_s_and_the_worker_serves_on(fle
     # sent anyway: by another producer, to a tool and to a plain guarded task
     tool_call = f.client.send_task("aaa.tool.echo", kwargs={"arguments": {"text": "a\x00b"}}, queue="aaa.default")
     plain_call = f.client.send_task("fleet.fail", args=["a\x00b"])
+    delayed = f.client.tasks["fleet.fail"].delay("a\x00b")  # a plain guarded task, as the issue sent it
     started = time.monotonic()
-    for sent in (tool_call, plain_call):
+    for sent in (tool_call, plain_call, delayed):
         with pytest.raises((ValueError, ToolArgsError)) as raised:
             sent.get(timeout=10)
         assert "NUL" in str(raised.value) or "UntranslatableCharacter" in str(raised.value)
         assert types(f.store, sent.id)[-1] == FAILED  # the audit trail says so
     assert time.monotonic() - started < 10
-    assert not {e.get("task_id") for e in f.ledger.entries()} & {tool_call.id, plain_call.id}  # never ran
+    assert not {e.get("task_id") for e in f.ledger.entries()} & {tool_call.id, plain_call.id, delayed.id}  # never ran
     assert f[0].alive
     assert echo.delay(arguments={"text": "still here"}).get(timeout=10) == "still here"
     assert f.client.tasks["fleet.quick"].delay(1).get(timeout=10) == 2
