@@ -250,3 +250,25 @@ def test_max_args_bytes_counts_the_json_as_it_is_sent():
     assert four.check(args, GuardPolicy(max_args_bytes=sent)).canonical == args
     with pytest.raises(ToolArgsError, match=f"arguments larger than {sent - 1} bytes"):
         four.check(args, GuardPolicy(max_args_bytes=sent - 1))
+
+
+@pytest.mark.postgres
+def test_a_nul_character_from_the_model_is_a_fact_and_the_run_finishes_on_postgresql(postgres_url):
+    """Reproduces on 03c27cd: PostgreSQL holds no NUL; the check let ``{"text": "A\\u0000B"}``
+    through, ``begin`` retried the store's refusal as store trouble, and the run never finished."""
+    from aaa_celery.stores import open_store
+
+    script = Script()
+    sync = SyncEngine(store=open_store(postgres_url))
+    try:
+        LLMHandler(FakeLLMClient(script)).attach(sync)
+        ToolHandler(ToolRegistry([note])).attach(sync)
+        script.calls = [("note", {"text": "A\u0000B"}), ("note", {"text": "AB"})]
+        handle = sync.start(ToolLoop(ToolRegistry([note])), {"task": "go"})
+        outcome = handle.result(timeout=30)
+        assert outcome.status == "completed", outcome
+        got = sorted(facts(handle), key=lambda f: "value" in f)
+        assert got[0]["error"] == "ToolArgsError" and "text: a string with a NUL character" in got[0]["message"]
+        assert got[1]["value"] == "kept"
+    finally:
+        sync.close()
