@@ -57,6 +57,22 @@ def test_an_argument_the_store_cannot_hold_fails_its_call_at_once(store):
     assert _runner(store).run(CallSpec("call-ok", "echo"), "w1", lambda attempt: "fine") == "fine"
 
 
+@pytest.mark.parametrize("value", ["a\ud800b", 2**70, -(2**70), 1e308, [[[[[["deep"]]]]]]],
+                         ids=["lone-surrogate", "huge-int", "huge-negative-int", "big-float", "nested"])
+def test_other_values_a_plain_task_may_carry_run_or_fail_once(store, value):
+    """What the tool check refuses may still reach a plain ``GuardedTask``: each either runs
+    and comes back unchanged, or fails once with its error recorded; none is retried."""
+    call = CallSpec("call-v", "echo", request={"task": "echo", "args": [value]})
+    started = time.monotonic()
+    try:
+        assert _runner(store).run(call, "w1", lambda attempt: value) == value
+    except (ValueError, TypeError):
+        recorded = store.result("call-v")
+        assert recorded is not None and not recorded.ok and recorded.attempt == 0
+    assert time.monotonic() - started < 4.0  # never retried as store trouble for the lease TTL
+    assert _runner(store).run(CallSpec("call-ok", "echo"), "w1", lambda attempt: "fine") == "fine"
+
+
 def test_a_result_holding_a_nul_round_trips_on_every_store(store):
     started = time.monotonic()
     assert _runner(store).run(CallSpec("call-r", "echo"), "w1", lambda attempt: {"text": NUL}) == {"text": NUL}
