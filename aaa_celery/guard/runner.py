@@ -50,6 +50,7 @@ from ..lifecycle import (
     lapsed,
 )
 from ..stores.base import ResultCopy, Store, new_token
+from ..stores.blame import data_error, describe
 from .lease import AttemptLease
 from .reconcile import RECONCILE_TIMEOUT_S, Reconcile, reconcile_lost
 from .watchdog import BodyTimedOut, LeaseCancelled, Watchdog
@@ -119,17 +120,8 @@ def error_for(outcome: Outcome) -> BaseException:
     return ToolError(f"{outcome.error}: {outcome.message}")
 
 
-#: What a store raises, or wraps (SQLAlchemy's ``StatementError.orig``), when a value
-#: does not encode: the call's own data is at fault, not the store.
+#: What ``json`` raises for a spec that does not encode (the call's own data).
 _ENCODING_ERRORS = (TypeError, ValueError, UnicodeError)
-
-
-def _encoding_error(error: BaseException) -> BaseException | None:
-    """The encoding error behind a store call's failure, if that is what it was."""
-    if isinstance(error, _ENCODING_ERRORS):
-        return error
-    orig = getattr(error, "orig", None)
-    return orig if isinstance(orig, _ENCODING_ERRORS) else None
 
 
 #: The body of one attempt: called with the attempt number, returns the value (or a
@@ -246,7 +238,7 @@ class GuardRunner:
             try:
                 return self.store.begin(call, worker, self.config, token)
             except Exception as e:  # noqa: BLE001 - any store error (READONLY, OOM, ...) is store trouble
-                unwritable = _encoding_error(e)
+                unwritable = data_error(e)
                 if unwritable is not None:
                     # The call itself cannot be written (its spec does not encode): no retry
                     # can help, and handing the message back would bring it back forever.
@@ -261,14 +253,18 @@ class GuardRunner:
 
     def _unwritable(self, call: CallSpec, error: BaseException) -> BaseException:
         """A call the store cannot write fails once: its failure becomes its recorded result
-        (when it was registered; nothing ran), and the caller gets that error."""
-        outcome = Outcome.failure(type(error).__name__, f"the guard could not record this call: {error}", 0)
-        log.error("aaa: call %s cannot be written to the store (%s: %s); it fails without running",
-                  call.call_id, type(error).__name__, error)
+        (when it was registered; nothing ran), with its ``aaa.tool.failed`` event, and the
+        caller gets that error."""
+        outcome = _refused_data(f"the guard could not record this call: {describe(error)}", error, 0)
+        log.error("aaa: call %s cannot be written to the store (%s); it fails without running",
+                  call.call_id, describe(error))
         try:
-            self.store.abandon(CallSpec(call.call_id, call.name), outcome)
+            # registered or not (another producer's message is not), and never over an attempt:
+            # "fenced" at attempt 0 records only while no attempt has claimed the call
+            self.store.record(CallSpec(call.call_id, call.name), outcome, "fenced")
         except Exception as e:  # noqa: BLE001 - best effort: the caller hears the error either way
             _log_trouble("abandon", call.call_id, e)
+        self.emit(outcome.event_type, 0, error=outcome.error, message=outcome.message)
         return self.raise_for(outcome)
 
     def attempt(self, call: CallSpec, lease: Lease, body: Body) -> Any:
@@ -306,7 +302,11 @@ class GuardRunner:
             error = e
             outcome = Outcome.failure(type(e).__name__, str(e), lease.attempt)
         copy = self.copy_result(value) if outcome.ok and self.copy_result is not None else None
-        if not isinstance(self.finish(lease, outcome, copy), Accepted):
+        finished = self.finish(lease, outcome, copy)
+        if isinstance(finished, Substituted):  # the store could not hold the outcome: a failure instead
+            outcome, copy, finished, value = finished.outcome, None, finished.result, None
+            error = self.raise_for(outcome)
+        if not isinstance(finished, Accepted):
             self.emit(STALE_RESULT, lease.attempt, worker=lease.worker)
             raise Dropped("a newer attempt owns the call; this result is audit only")
         self.copy = copy
@@ -347,15 +347,29 @@ class GuardRunner:
         started: a try that waited out a socket timeout is followed at once, so a store
         that pauses finds a ``finish`` queued when it resumes. When the tries run out, the
         lease is given back (on PostgreSQL, the lock is held until then) and the message
-        goes back to the broker."""
+        goes back to the broker. An outcome the store refuses as data (see
+        :mod:`..stores.blame`) is replaced, once, by a failure that says so, and returned as
+        :class:`Substituted`."""
         delays: list[float] | None = None  # worked out on the first failure only
+        substitute: Outcome | None = None
         while True:
             started = time.monotonic()
             try:
+                if substitute is not None:
+                    return Substituted(self.store.finish(lease, substitute, self.config), substitute)
                 if copy is None:  # a store written for 0.1 takes no copy
                     return self.store.finish(lease, outcome, self.config)
                 return self.store.finish(lease, outcome, self.config, copy)
             except Exception as e:  # noqa: BLE001 - any store error (READONLY, OOM, ...) is store trouble
+                refused = data_error(e)
+                if refused is not None and substitute is None:
+                    # The store cannot hold this outcome (a NUL in the value, say): the call
+                    # fails with that instead, once; retrying the same data never helps.
+                    log.error("aaa: the outcome of %s cannot be written to the store (%s); it is "
+                              "recorded as a failure", lease.call_id, describe(refused))
+                    substitute = _refused_data(f"the store cannot hold this call's outcome: {describe(refused)}",
+                                               refused, lease.attempt)
+                    continue
                 _log_trouble("finish", lease.call_id, e)
                 if delays is None:
                     delays = self.result_retry.delays()
@@ -366,6 +380,28 @@ class GuardRunner:
                         log.debug("aaa: could not release %s after finish failed: %r", lease.call_id, e)
                     raise HandBack("aaa store unavailable at finish") from None
                 time.sleep(max(0.0, delays.pop(0) - (time.monotonic() - started)))
+
+
+@dataclass(frozen=True)
+class Substituted:
+    """What :meth:`GuardRunner.finish` returns when the store refused the outcome as data and
+    took ``outcome``, a failure naming the refusal, in its place (``result``: its answer)."""
+
+    result: Any
+    outcome: Outcome
+
+
+#: The error a call records when the store refused its data (see :mod:`..stores.blame`)
+#: and the refusal was not one of Python's own errors.
+_UNSTORABLE = "ValueError"
+
+
+def _refused_data(message: str, error: BaseException, attempt: int) -> Outcome:
+    """The failure a call records when the store refused its data: Python's own error type
+    (``TypeError``, ``UnicodeEncodeError`` ...) when it was one, else ``ValueError``."""
+    name = type(error).__name__
+    kind = name if isinstance(getattr(builtins, name, None), type) else _UNSTORABLE
+    return Outcome.failure(kind, message, attempt)
 
 
 def _log_trouble(op: str, call_id: str, error: BaseException) -> None:

@@ -7,8 +7,9 @@ task), and again by the worker before the tool runs:
 1. :func:`check_limits` walks the raw value without recursion: it must be an object
    (a dict with string keys), at most ``max_args_depth`` deep, each string at most
    ``max_string_bytes`` UTF-8 bytes and the whole at most ``max_args_bytes`` bytes of
-   its compact JSON as kombu sends it (``\u00e9`` for an ``é``, ``\u0000`` for a NUL); no ``NaN``/``Infinity``, no unpaired surrogate, no integer
-   beyond 64 bits. So nothing below ever sees a hostile shape (a 100 000-deep list
+   its compact JSON as kombu sends it (``\u00e9`` for an ``é``); no ``NaN``/``Infinity``, no unpaired
+   surrogate, no NUL character (PostgreSQL holds none), no integer beyond 64 bits: each store
+   holds every value that passes, unchanged. So nothing below ever sees a hostile shape (a 100 000-deep list
    would overflow the recursion of ``deepcopy``, pydantic or ``json``).
 2. The tool's pydantic model validates it (``extra="forbid"``, ``allow_inf_nan=False``).
 3. :class:`CheckedArgs` holds the result three ways: ``values`` for the tool (secrets
@@ -80,6 +81,9 @@ def check_limits(name: str, arguments: Any, policy: GuardPolicy = DEFAULT_POLICY
                 raise ToolArgsError(f"{name}: {_where(path)}: a string with an unpaired surrogate") from None
             if size > max_string:
                 raise ToolArgsError(f"{name}: {_where(path)}: a string longer than {max_string} bytes")
+            if "\x00" in value:
+                raise ToolArgsError(f"{name}: {_where(path)}: a string with a NUL character (U+0000), "
+                                    "which a store cannot hold (PostgreSQL text and JSON refuse it)")
             # as sent: kombu's JSON escapes (a NUL is 6 bytes, \u0000; an é is \u00e9)
             total += size + 2 if value.isascii() and value.isprintable() and not _ESCAPED & set(value) \
                 else len(json.dumps(value))

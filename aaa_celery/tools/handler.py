@@ -15,7 +15,7 @@ from ..context import ToolContext
 from ..errors import ConfigError, ToolArgsError
 from ..protocol import QUEUE_PREFIX, task_name
 from ..worker import GuardedTask, install
-from ..worker import app_store as store_of
+from ..worker.stores import writer_store as store_of  # the engine's: its schema checked once
 from ..worker import use_store
 from ..worker.calls import default_key
 from . import rules

@@ -4,7 +4,8 @@ Celery masks the settings it knows (``broker_url``, the result backend, and any 
 KEY, SECRET, PASS ... in it) in ``app.conf.table()``, which ``celery inspect conf`` (any
 client on the broker may ask a worker) and ``celery report`` print. ``aaa_store_url`` holds
 a password as often as the broker's URL does, so :func:`install` (run by ``install()``/
-``bind()``, once per process) has that table mask every ``aaa_*`` setting too: the
+``bind()``, by a guarded task bound to an app, and on loading the ``celery`` command's
+``aaa`` plugin, which every ``celery`` command does; once per process) has that table mask every ``aaa_*`` setting too: the
 password of a URL (``redis://:********@host``), and ``password=`` in a DSN's parameters,
 inside lists and mappings as well.
 """

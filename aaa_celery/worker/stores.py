@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
+import weakref
 from typing import Any
 
 from celery import Celery
 
-from ..errors import ConfigError, StoreUnavailable
+from ..errors import ConfigError, StoreOutdated, StoreUnavailable
 from ..stores import Store, open_store
 from ..stores.base import StoreVersion, check_version
 from .conf import setting
@@ -99,6 +101,44 @@ def check_store_version(app: Celery) -> StoreVersion | None:
     except StoreUnavailable as e:
         logger.warning("aaa_celery: the store's schema version was not checked at start: %s", e)
         return None
+
+
+#: Stores whose schema a producer or engine of this process checked, each with when to try
+#: again (0.0: checked, for good; else a monotonic time, after the store could not be reached).
+_writer_checked: weakref.WeakKeyDictionary[Store, float] = weakref.WeakKeyDictionary()
+#: Seconds before a producer asks again for the schema of a store it could not reach.
+WRITER_RECHECK_S = 30.0
+
+
+def writer_store(app: Celery) -> Store:
+    """The store for ``app`` (:func:`app_store`) in a process that writes to it without
+    starting a worker: a producer's ``apply_async``, an engine. Its schema is checked once per
+    process and store, as a worker checks it at start (:func:`check_store_version`), but never
+    migrated: an older store is refused with :class:`~aaa_celery.errors.StoreOutdated` naming
+    ``celery -A proj aaa migrate``; a newer one (a later release migrated it: the documented
+    rolling order upgrades producers last) is used, with one warning to upgrade this process.
+    A store that cannot be reached is not checked now (its own writes say so), and asked
+    again after :data:`WRITER_RECHECK_S`."""
+    store = app_store(app)
+    retry_at = _writer_checked.get(store)
+    if retry_at is not None and (retry_at == 0.0 or time.monotonic() < retry_at):
+        return store
+    try:
+        version = store.schema_version()
+    except StoreUnavailable as e:
+        logger.info("aaa_celery: the store's schema version was not checked: %s", e)
+        _writer_checked[store] = time.monotonic() + WRITER_RECHECK_S
+        return store
+    if version.outdated:
+        raise StoreOutdated(
+            f"the {store.kind} store is at schema {version.describe()}: upgrade it with "
+            f"`{migrate_command(app)}` (docs/upgrading.md) before this process publishes calls or drives runs",
+            current=version.current, latest=version.latest)
+    if version.newer:
+        logger.warning("aaa_celery: the %s store is at schema %s: a later release of aaa_celery migrated it; "
+                       "upgrade aaa_celery in this process too (docs/upgrading.md)", store.kind, version.describe())
+    _writer_checked[store] = 0.0
+    return store
 
 
 def forget_inherited() -> None:

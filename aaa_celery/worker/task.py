@@ -22,6 +22,7 @@ from ..errors import ForeignCall, StoreUnavailable
 from ..guard import Dropped, GuardRunner, HandBack, run_unguarded
 from ..lifecycle import CallSpec
 from ..protocol import RUN_HEADER, TENANT_HEADER, check_call
+from ..stores import Store
 from . import calls, publish, registering
 from .codec import result_codec, stored_arguments
 from .control import REPLACED, control_for, raise_for_task
@@ -29,7 +30,7 @@ from .events import TaskEvents
 from .install import attach
 from .options import GuardOptions, reconcile_step
 from .results import result_copy, store_accepted
-from .stores import app_store
+from .stores import app_store, writer_store
 
 log = logging.getLogger("aaa_celery.worker")
 
@@ -73,19 +74,22 @@ class GuardedTask(GuardOptions, _Task):
         conf = self.app.conf
         if conf.get("task_always_eager") or not conf.get("aaa_register_on_publish", True) or not self.guard_config.enabled:
             return super().apply_async(args, kwargs, task_id, *more, **options)
+        store = writer_store(self.app)  # an older schema is refused before anything is sent (once per process)
         with publish.capture(self.name) as sent:
             result = super().apply_async(args, kwargs, task_id, *more, **options)
         if sent.get("message") is not None:
-            self._register(result.id, args, kwargs, sent["message"], calls.aaa_headers(sent["message"]["headers"]))
+            self._register(store, result.id, args, kwargs, sent["message"],
+                           calls.aaa_headers(sent["message"]["headers"]))
         return result
 
-    def _register(self, call_id: str, args: Any, kwargs: Any, message: dict[str, Any], headers: dict[str, Any]) -> None:
+    def _register(self, store: Store, call_id: str, args: Any, kwargs: Any, message: dict[str, Any],
+                  headers: dict[str, Any]) -> None:
         """Register the call with ``message`` as sent: what recovery sends again (now, or with
         the thread's batch in :func:`~.registering.registered_together`). The message is out
         already, so a store that fails here is logged, not raised: the call runs, and its
         worker registers it at ``begin`` (only a broker that loses it goes unnoticed)."""
         spec = self.call_spec(call_id, list(args or ()), dict(kwargs or {}), message["routing_key"], headers)
-        registering.register(app_store(self.app), calls.with_message(spec, message))
+        registering.register(store, calls.with_message(spec, message))
 
     def call_spec(self, call_id: str, args: list[Any], kwargs: dict[str, Any], queue: str | None,
                   headers: dict[str, Any]) -> CallSpec:
@@ -159,5 +163,6 @@ class GuardedTask(GuardOptions, _Task):
                 req = self.request
                 setattr(req, REPLACED, True)
                 if sent.get("message") is not None and self.guard_config.enabled:
-                    self._register(cast(str, req.id), req.args, req.kwargs, sent["message"], calls.aaa_headers(req))
+                    self._register(app_store(self.app), cast(str, req.id), req.args, req.kwargs, sent["message"],
+                                   calls.aaa_headers(req))
                 raise

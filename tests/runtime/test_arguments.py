@@ -234,15 +234,18 @@ def test_adversarial_arguments_run_the_tool_validated_or_become_a_tool_args_erro
 def test_max_args_bytes_counts_the_json_as_it_is_sent():
     """Reproduces on c79799f (issue 21, item 8): ``max_args_bytes`` counted raw UTF-8, not the
     JSON as sent; four strings of 60,000 NULs (240 KB raw, 1.44 MB of JSON, each NUL being
-    ``\\u0000``) passed the 256 KiB check, then failed in the worker as a malformed message."""
+    ``\\u0000``) passed the 256 KiB check, then failed in the worker as a malformed message.
+    (A NUL is now refused as such, no store holds it: ``\\x01``, also 6 bytes of JSON, stands in.)"""
     @tool
     def four(a: str, b: str, c: str, d: str) -> str:
         """Four strings."""
         return "ok"
 
-    nuls = {k: "\0" * 60_000 for k in "abcd"}
+    escaped = {k: "\x01" * 60_000 for k in "abcd"}
     with pytest.raises(ToolArgsError, match="arguments larger than 262144 bytes"):
-        four.check(nuls)
+        four.check(escaped)
+    with pytest.raises(ToolArgsError, match=r"four: [abcd]: a string with a NUL character"):
+        four.check({k: "\0" * 60_000 for k in "abcd"})
     # exactly the compact JSON kombu sends (ensure_ascii: é is \u00e9, a quote \", a tab \t,
     # an emoji a surrogate pair of 12 bytes)
     args = {"a": 'q"\\\t\x01é😀ok', "b": "x" * 10, "c": "", "d": "\x7f"}
@@ -250,3 +253,25 @@ def test_max_args_bytes_counts_the_json_as_it_is_sent():
     assert four.check(args, GuardPolicy(max_args_bytes=sent)).canonical == args
     with pytest.raises(ToolArgsError, match=f"arguments larger than {sent - 1} bytes"):
         four.check(args, GuardPolicy(max_args_bytes=sent - 1))
+
+
+@pytest.mark.postgres
+def test_a_nul_character_from_the_model_is_a_fact_and_the_run_finishes_on_postgresql(postgres_url):
+    """Reproduces on 03c27cd: PostgreSQL holds no NUL; the check let ``{"text": "A\\u0000B"}``
+    through, ``begin`` retried the store's refusal as store trouble, and the run never finished."""
+    from aaa_celery.stores import open_store
+
+    script = Script()
+    sync = SyncEngine(store=open_store(postgres_url))
+    try:
+        LLMHandler(FakeLLMClient(script)).attach(sync)
+        ToolHandler(ToolRegistry([note])).attach(sync)
+        script.calls = [("note", {"text": "A\u0000B"}), ("note", {"text": "AB"})]
+        handle = sync.start(ToolLoop(ToolRegistry([note])), {"task": "go"})
+        outcome = handle.result(timeout=30)
+        assert outcome.status == "completed", outcome
+        got = sorted(facts(handle), key=lambda f: "value" in f)
+        assert got[0]["error"] == "ToolArgsError" and "text: a string with a NUL character" in got[0]["message"]
+        assert got[1]["value"] == "kept"
+    finally:
+        sync.close()

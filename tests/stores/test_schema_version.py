@@ -303,3 +303,27 @@ def test_a_worker_refuses_an_older_store_naming_the_command_unless_auto_migrate(
     if not auto:
         assert worker.proc.returncode != 0
         assert "celery -A settings_app aaa migrate" in worker.log, worker.log[-3000:]
+
+
+@pytest.mark.redis
+def test_a_redis_format_key_holding_bytes_that_are_not_utf_8_is_one_clear_line(redis_url):
+    """Reproduces on 03c27cd: ``UnicodeDecodeError: 'utf-8' codec can't decode byte 0xff``."""
+    import redis
+
+    from aaa_celery.stores.redis import RedisStore
+
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        raw.set("garbled:format", b"\xff\xfe\x00v2")
+        with RedisStore(redis_url, key_prefix="garbled") as store:
+            with pytest.raises(StoreOutdated) as refused:
+                check_version(store, auto_migrate=False)
+            message = str(refused.value)
+            assert "\n" not in message and "'garbled:format'" in message and "not UTF-8" in message
+            assert "aaa_store_url" in message
+            with pytest.raises(StoreOutdated):
+                store.migrate()  # never overwrites what another program wrote
+        assert raw.get("garbled:format") == b"\xff\xfe\x00v2"
+    finally:
+        raw.delete("garbled:format")
+        raw.close()

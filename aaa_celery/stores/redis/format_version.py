@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ...errors import StoreUnavailable
+from ...errors import StoreOutdated, StoreUnavailable
 from ..base import StoreVersion, new_token
 
 #: This release's format.
@@ -49,7 +49,15 @@ def holds_data(client: Any, indexes: Sequence[str]) -> bool:
 
 
 def version(client: Any, prefix: str, indexes: Sequence[str]) -> StoreVersion:
-    current = client.get(format_key(prefix))
+    key = format_key(prefix)
+    try:
+        current = client.get(key)
+    except UnicodeDecodeError:  # (the client decodes replies as UTF-8)
+        raise StoreOutdated(
+            f"redis store: the key {key!r} holds bytes that are not UTF-8 text, so not a format "
+            f"version of aaa_celery (this release knows {', '.join(FORMATS)}): another program wrote it; "
+            "point aaa_store_url at the guard's own database or key prefix, or delete the key if the "
+            "prefix holds nothing else", current=None, latest=FORMAT) from None
     if current is not None:
         return StoreVersion(current, FORMAT, FORMATS)
     return StoreVersion(UNVERSIONED, FORMAT, FORMATS, empty=not holds_data(client, indexes))
