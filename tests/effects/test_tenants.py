@@ -5,7 +5,12 @@ Then tables made by 0.2.0, holding rows, are upgraded (``EffectLog.upgrade``).""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +24,7 @@ from aaa_celery.protocol import call_id
 from aaa_celery.stores import open_store
 from aaa_celery.worker.stores import use_store
 
+ROOT = Path(__file__).resolve().parents[2]
 SHOP = ("CREATE TABLE tenant_orders (tenant VARCHAR(40) NOT NULL, id VARCHAR(40) NOT NULL, email VARCHAR(80) NOT NULL,"
         " refunds INTEGER NOT NULL DEFAULT 0, shipped INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (tenant, id))")
 ROWS = [("acme", "A-100", "pay@acme.example"), ("globex", "A-100", "ap@globex.example"),
@@ -226,3 +232,36 @@ def test_upgrading_0_2_0_tables_keeps_old_records_to_their_tenant(db_url):
                      ("~:*:order:7", None, "*"), ("globex:shop.refund:refund:A-100", "globex", "shop.refund"),
                      ("acme:shop.refund:order:7", "acme", "shop.refund")}
     engine.dispose()
+
+
+# -- Django: the same rules through the ORM, and the app's migration of 0.2.0's rows ------------
+
+
+def django_run(postgres_url: str, mode: str) -> Any:
+    """``tests/effects/django_tenants.py`` in a process of its own, on the test PostgreSQL."""
+    url = sa.engine.make_url(postgres_url)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "tests.effects.django_settings",
+           "AAA_EFFECTS_PG": f"{url.host} {url.port} {url.database} {url.username}"}
+    done = subprocess.run([sys.executable, "-m", "tests.effects.django_tenants", mode], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_django_two_tenants_and_two_tools_each_get_their_own_effect(postgres_url):
+    out = django_run(postgres_url, "tenants")
+    assert out["acme"] == {"refunded": "A-100", "email": "pay@acme.example"}
+    assert out["globex"] == out["globex_again"] == {"refunded": "A-100", "email": "ap@globex.example"}
+    assert out["refund_order"] == {"refunded": "7", "email": "pay@acme.example"}
+    assert out["ship"] == {"shipped": "7"}
+    assert out["ship_shared"] == out["refund_order"]  # shared= names refund_order's records: nothing shipped
+    assert out["counts"] == {"acme/A-100": [1, 0], "globex/A-100": [1, 0], "acme/7": [1, 1]}
+
+
+def test_django_migration_moves_0_2_0_rows_to_their_tenant(postgres_url):
+    out = django_run(postgres_url, "upgrade")
+    assert (out["acme"], out["globex"], out["plain"], out["ran"]) == ({"email": "pay@acme.example"}, "g", "plain",
+                                                                      ["g"])
+    assert out["rows"] == [["acme:*:refund:A-100", "acme", "*"],
+                           ["globex:shop.refund:refund:A-100", "globex", "shop.refund"],
+                           ["~:*:order:7", None, "*"]]
