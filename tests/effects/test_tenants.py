@@ -265,3 +265,23 @@ def test_django_migration_moves_0_2_0_rows_to_their_tenant(postgres_url):
     assert out["rows"] == [["acme:*:refund:A-100", "acme", "*"],
                            ["globex:shop.refund:refund:A-100", "globex", "shop.refund"],
                            ["~:*:order:7", None, "*"]]
+
+
+def test_fences_keyed_by_call_id_as_documented_keep_two_tenants_calls_apart(tmp_path):
+    """Issue 35's audit: docs/fault-paths-and-fencing.md keyed SQLFence by ctx.idempotency_key, which
+    names no tenant (``pay:A-100``): acme's attempt 2 made globex's attempt 1 stale. Keyed by the
+    call id, as documented now, each call's attempts are compared only with each other."""
+    from aaa_celery.fencing import SQLFence, StaleFence
+
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'fences.sqlite3'}")
+    fence = SQLFence()
+    fence.create(engine)
+    acme = context("acme", "pay:A-100", attempt=2)
+    globex = context("globex", "pay:A-100", attempt=1)
+    with engine.begin() as conn:
+        fence.check(conn, acme.call_id, acme.fence)
+    with engine.begin() as conn:
+        fence.check(conn, globex.call_id, globex.fence)  # not stale: another call
+    with pytest.raises(StaleFence), engine.begin() as conn:
+        fence.check(conn, acme.call_id, 1)  # acme's own attempt 1 is
+    engine.dispose()
