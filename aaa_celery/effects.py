@@ -213,7 +213,15 @@ class _SQLAlchemyRecords:
         import sqlalchemy as sa
 
         t = self.log.table
-        found = dict(self.db.execute(sa.select(t.c.key, t.c.result).where(t.c.key.in_([scope.key, scope.legacy]))).all())
+        query = sa.select(t.c.key, t.c.result, t.c.tool).where(t.c.key.in_([scope.key, scope.legacy]))
+        try:
+            found = {key: result for key, result, _ in self.db.execute(query)}
+        except (sa.exc.OperationalError, sa.exc.ProgrammingError) as e:
+            if "tool" not in str(e.orig):
+                raise
+            raise ConfigError(
+                f"once(): the table {t.name} has no tool column, so it was made by aaa_celery 0.2.0; upgrade it "
+                "with EffectLog().upgrade(engine) (or from an Alembic revision; docs/effects.md)") from e
         text: str | None = found.get(scope.key, found.get(scope.legacy))
         return text
 

@@ -199,6 +199,16 @@ def context(tenant: str | None, key: str, tool: str = "shop.refund", attempt: in
                        fence=attempt, idempotency_key=key, tenant=tenant, tool=tool)
 
 
+def test_a_0_2_0_table_not_upgraded_is_refused_before_the_effect_naming_the_fix(db_url):
+    engine = fresh(db_url, TABLES_0_2_0)
+    ran: list[int] = []
+    with pytest.raises(ConfigError, match=r"made by aaa_celery 0\.2\.0; upgrade it with EffectLog\(\)\.upgrade"), \
+            engine.begin() as conn:
+        once(conn, context("acme", "refund:A-100"), lambda conn: ran.append(1))
+    assert ran == []
+    engine.dispose()
+
+
 def test_upgrading_0_2_0_tables_keeps_old_records_to_their_tenant(db_url):
     # Given the tables of 0.2.0, holding rows of two tenants and of a plain task
     engine = fresh(db_url, TABLES_0_2_0)
