@@ -168,7 +168,8 @@ class EffectLog:
         """Bring tables made by 0.2.0 to this release's: add the ``tenant`` and ``tool``
         columns, and move each row recorded before to its call's tenant, for any tool
         (:func:`upgraded`). Rows already moved are left alone, so it can run again (after the
-        last 0.2.0 worker stopped). Returns how many rows it moved.
+        last 0.2.0 worker stopped); a 0.2.0 row whose moved key exists already (the key recorded
+        again by a 0.2.0 worker after an upgrade) stays as it is. Returns how many rows it moved.
 
         ``bind``: an Engine (one transaction) or a Connection (in yours); in an Alembic
         revision, ``EffectLog().upgrade(op.get_bind())``.
@@ -179,18 +180,21 @@ class EffectLog:
             with bind.begin() as conn:
                 return self.upgrade(conn)
         t = self.table
-        have = {c["name"] for c in sa.inspect(bind).get_columns(t.name)}
+        have = {c["name"] for c in sa.inspect(bind).get_columns(t.name, schema=t.schema)}
         for column in ("tenant", "tool"):
             if column not in have:  # a plain ADD COLUMN, the same on SQLite and PostgreSQL
                 name = bind.dialect.identifier_preparer.quote(column)
                 bind.execute(sa.text(f"ALTER TABLE {bind.dialect.identifier_preparer.format_table(t)} "
                                      f"ADD COLUMN {name} VARCHAR"))
-        old = bind.execute(sa.select(t.c.key, t.c.call_id).where(t.c.tool.is_(None))).all()
-        for key, call in old:
+        moved = 0
+        for key, call in bind.execute(sa.select(t.c.key, t.c.call_id).where(t.c.tool.is_(None))).all():
             scope = upgraded(key, call)
+            if bind.execute(sa.select(t.c.key).where(t.c.key == scope.key)).first() is not None:
+                continue  # a 0.2.0 worker recorded the key again after an upgrade: the moved record answers
             bind.execute(t.update().where(t.c.key == key, t.c.tool.is_(None))
                          .values(key=scope.key, tenant=scope.tenant, tool=scope.tool))
-        return len(old)
+            moved += 1
+        return moved
 
     def once(self, db: Any, ctx: ToolContext, fn: Callable[[Any], _T], *, shared: str | None = None) -> _T:
         """:func:`once` on these tables."""

@@ -217,6 +217,12 @@ def test_upgrading_0_2_0_tables_keeps_old_records_to_their_tenant(db_url):
     # When they are upgraded (twice: the second moves nothing)
     assert log.upgrade(engine) == 3
     assert log.upgrade(engine) == 0
+    # (a 0.2.0 worker still running records a key again, moved already: the row stays where it is)
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO aaa_effects (key, call_id, attempt, result) VALUES ('order:7', 'p2', 1, '1')"))
+    assert log.upgrade(engine) == 0
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM aaa_effects WHERE call_id = 'p2'"))
     ran: list[str] = []
 
     def effect(name: str) -> Any:
