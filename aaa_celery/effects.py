@@ -2,8 +2,9 @@
 
 Most tools of a web app write to the app's own database: create the order, mark the
 refund, move the stock. For those the guard can do better than at-least-once:
-:func:`once` runs ``fn`` and records its result under the call's idempotency key in the
-same transaction, so the effect and its record commit together or not at all::
+:func:`once` runs ``fn`` and records its result under the call's tenant, its tool and its
+idempotency key in the same transaction, so the effect and its record commit together or
+not at all::
 
     from aaa_celery.effects import once
 
@@ -13,8 +14,9 @@ same transaction, so the effect and its record commit together or not at all::
             return once(conn, ctx, lambda conn: mark_refunded(conn, order_id))
 
 A later attempt of the same call (after a crash between the commit and the guard's
-``finish``), or any call with the same idempotency key, finds the record and returns
-the recorded value without running ``fn`` again. An attempt the guard has superseded
+``finish``), or any call of the same tenant and tool with the same idempotency key, finds
+the record and returns the recorded value without running ``fn`` again; another tenant's
+record is never returned, and tools share records only through ``once(..., shared=name)``. An attempt the guard has superseded
 (its fence is lower than the call's highest attempt this database has seen) raises
 :class:`~aaa_celery.fencing.StaleFence` before ``fn`` runs: its transaction must roll back.
 
