@@ -46,7 +46,9 @@ class ToolContext:
     never the model's tool call id, and the call id for plain tasks by default, or what the tool's
     ``idempotency_key=`` function returns): pass it to the system you call so a
     repeated attempt cannot repeat the effect. ``attempt`` and ``fence`` are the
-    1-based, rising execution number of this call.
+    1-based, rising execution number of this call. ``tool`` is the tool's name (the task's
+    name for a plain task): with ``tenant``, the scope of what :func:`aaa_celery.effects.once`
+    records under the key.
     """
 
     engine: Any
@@ -58,6 +60,7 @@ class ToolContext:
     tenant: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     tool_call_id: str | None = None
+    tool: str | None = None
     guard: AttemptGuard | None = field(default_factory=_attempt.get, repr=False, compare=False)
 
     @classmethod

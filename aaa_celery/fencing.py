@@ -12,7 +12,7 @@ SQL (SQLAlchemy), inside your own transaction::
     fence = SQLFence()                      # table aaa_fences(key, fence)
     fence.create(engine)                    # once, like any table
     with engine.begin() as conn:
-        fence.check(conn, ctx.idempotency_key, ctx.fence)   # raises StaleFence
+        fence.check(conn, ctx.call_id, ctx.fence)   # raises StaleFence
         conn.execute(orders.update()...)                  # runs only if the fence held
 
 The check takes the key's row lock until your transaction ends, so a stale write and a
@@ -20,7 +20,7 @@ newer one are serialized, and the stale one is rolled back with everything else 
 
 Redis (one Lua script: the check and your command, atomically)::
 
-    RedisFence(client).execute(ctx.idempotency_key, ctx.fence, "HSET", "order:7", "state", "paid",
+    RedisFence(client).execute(ctx.call_id, ctx.fence, "HSET", "order:7", "state", "paid",
                                keys=["order:7"])
 
 On Redis Cluster the fence key (``<prefix><key>``) and your command's keys must share a

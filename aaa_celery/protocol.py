@@ -196,6 +196,17 @@ def call_id(tenant: str | None, run_id: str, local: str | None = None) -> str:
     return f"{_NO_TENANT if tenant is None else _escape(tenant)}:{_escape(run_id)}:{local}"
 
 
+def scope_prefix(tenant: str | None, name: str | None) -> str:
+    """``<tenant>:<name>:``, each part escaped as a call id's tenant and run are (``~`` for no
+    tenant): the start of a key kept for one tenant and one name (a tool's), so that no two
+    distinct (tenant, name) pairs, whatever text they hold, give one prefix. ``name`` None
+    gives ``*``, which no name escapes to (a key of the tenant for any name)."""
+    check_tenant(tenant)
+    if name is not None and (not isinstance(name, str) or not name):
+        raise InvalidId(f"a scope's name must be a non-empty str, not {name!r}", field="name")
+    return f"{_NO_TENANT if tenant is None else _escape(tenant)}:{'*' if name is None else _escape(name)}:"
+
+
 def arguments_digest(tool: str, arguments: Any) -> str:
     """A stable 64-bit hex digest of a tool's name and arguments (canonical JSON).
 

@@ -59,8 +59,10 @@ def main() -> None:
     print("asked again:", refund.delay("A-100", 500).get())  # a new call, the same key: recorded value
 
     # A worker frozen past its lease wakes after attempt 2 of its call committed:
-    late = ToolContext(engine=None, run_id="r", call_id="c-7", attempt=1, fence=1, idempotency_key="refund:B-7")
-    newer = ToolContext(engine=None, run_id="r", call_id="c-7", attempt=2, fence=2, idempotency_key="refund:B-7")
+    late = ToolContext(engine=None, run_id="r", call_id="c-7", attempt=1, fence=1, idempotency_key="refund:B-7",
+                       tool="shop.refund")
+    newer = ToolContext(engine=None, run_id="r", call_id="c-7", attempt=2, fence=2, idempotency_key="refund:B-7",
+                        tool="shop.refund")
     with engine.begin() as conn:
         conn.execute(orders.insert().values(id="B-7", refunded_cents=0, refunds=0))
     with engine.begin() as conn:

@@ -13,7 +13,7 @@ import click
 from kombu.utils.url import maybe_sanitize_url
 
 from ..errors import AAACeleryError, InvalidId, NotResolvable
-from ..protocol import check_call_id, tenant_of
+from ..protocol import MAX_TENANT_BYTES, check_call_id, check_id, tenant_of
 from ..stores import Store, backend_for, open_store
 from ..stores.sql.store import SQLStore
 from ..stores.ops import STATES, call_state, matches
@@ -174,12 +174,20 @@ def list_calls(ctx: click.Context, state: str | None, tool: str | None, tenant: 
               help="What the operator found: the effect happened (completed) or not (failed).")
 @click.option("--note", required=True, help="Why: what was checked, where (kept in the audit trail).")
 @click.option("--value", help="The call's value as JSON, for --as completed.")
+@click.option("--operator", help="Who resolves, as recorded (<operator>@<host>). Default: the login name, "
+              "which $LOGNAME or $USER decide: a label, not a proof of identity.")
 @click.pass_context
-def resolve(ctx: click.Context, call_id: str, verdict: str, note: str, value: str | None) -> None:
+def resolve(ctx: click.Context, call_id: str, verdict: str, note: str, value: str | None,
+            operator: str | None) -> None:
     """Settle a call in doubt (OutcomeUnknown, ExecutionAbandoned) after checking the called
     system. Recorded as an aaa.tool.resolved event with who and why, and written to Celery's
     result backend, so a caller's AsyncResult.get() gets it; a real result is never
     overwritten."""
+    if operator is not None:
+        try:
+            check_id(operator, "--operator", MAX_TENANT_BYTES)
+        except InvalidId as e:
+            raise click.BadParameter(str(e), param_hint="--operator") from None
     parsed = None
     if value is not None:
         if verdict != "completed":
@@ -188,7 +196,7 @@ def resolve(ctx: click.Context, call_id: str, verdict: str, note: str, value: st
             parsed = json.loads(value)
         except ValueError as e:
             raise click.BadParameter(f"not JSON: {e}", param_hint="--value") from e
-    by = f"{_user()}@{socket.gethostname()}"
+    by = f"{operator or _user()}@{socket.gethostname()}"
     app = _app(ctx)
     _store(ctx)  # opened here, so that a store that cannot be opened says so
     try:

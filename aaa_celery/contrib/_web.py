@@ -21,7 +21,7 @@ from ..algos import ToolLoop
 from ..errors import ConfigError
 from ..lifecycle import TOOL_REQUESTED
 from ..llm import LLMHandler
-from ..runtime import Engine, PendingApproval, SyncEngine
+from ..runtime import ANY_TENANT, Engine, PendingApproval, SyncEngine
 from ..runtime.approvals import DEFAULT_APPROVAL_TTL_S, check_ttl
 from ..runtime.sync import SyncRunHandle
 
@@ -239,13 +239,11 @@ class AgentRuns:
                 return asked  # development (ALLOW_ANONYMOUS): anyone may do anything
             raise TenantRefused(f"a run's tenant is the app's: set the TENANT hook, tenant(request) -> str, "
                                 f"to start runs in tenant {asked!r}")
-        tenant = self._tenant(request)
-        if tenant is not None and not isinstance(tenant, str):
-            raise ConfigError(f"aaa_celery: TENANT must return a tenant (str) or None, got {tenant!r}")
+        tenant = self._app_tenant(self._tenant, request)
         if asked is not None and asked != tenant:
             raise TenantRefused(f"this request may not start a run in tenant {asked!r}: its tenant is the "
                                 f"app's (TENANT(request))")
-        return tenant or None
+        return tenant
 
     def handle(self, run_id: str, request: Any = None) -> SyncRunHandle:
         """The run ``run_id`` (``KeyError`` if unknown). Where the id names runs of several
@@ -257,6 +255,22 @@ class AgentRuns:
             if self._tenant is None or request is None:
                 raise
             return self.engine.get(run_id, tenant=self._tenant(request))
+
+    @staticmethod
+    def _app_tenant(hook: Callable[[Any], Any], request: Any) -> str | None:
+        """``TENANT(request)``, checked (an empty one is no tenant)."""
+        tenant = hook(request)
+        if tenant is not None and not isinstance(tenant, str):
+            raise ConfigError(f"aaa_celery: TENANT must return a tenant (str) or None, got {tenant!r}")
+        return tenant or None
+
+    def listed_tenant(self, request: Any) -> Any:
+        """Whose runs a list for ``request`` reads: ``TENANT(request)``'s with a ``TENANT`` hook,
+        so a poll costs that tenant's runs, not every tenant's; every tenant's without one (or
+        without a request). ``authorize`` still sees each run listed."""
+        if self._tenant is None or request is None:
+            return ANY_TENANT
+        return self._app_tenant(self._tenant, request)
 
     def pending(self, run_id: str, call_id: str, request: Any = None) -> PendingApproval:
         """The call ``call_id`` of run ``run_id`` that waits for a person (``KeyError`` if none)."""
@@ -284,14 +298,15 @@ class AgentRuns:
         })
 
     def runs(self, request: Any = None) -> list[dict[str, Any]]:
-        """Every run (that ``request`` may see, when given), newest first: id, tenant and status."""
+        """The newest runs (of ``request``'s tenant, :meth:`listed_tenant`, that it may see, when
+        given), newest first: id, tenant and status."""
         return [{"run_id": h.run_id, "tenant": h.tenant, "status": h.status, "resumed": h.resumed}
-                for h in self.engine.runs()
+                for h in self.engine.runs(tenant=self.listed_tenant(request))
                 if request is None or self.allowed(request, h)]
 
     def approvals(self, request: Any = None) -> list[dict[str, Any]]:
-        """Every pending approval (of the runs ``request`` may see, when given), oldest first: tool,
-        arguments, run, tenant, since, expiry and digest."""
+        """Every pending approval (of the runs of ``request``'s tenant, :meth:`listed_tenant`, that
+        it may see, when given), oldest first: tool, arguments, run, tenant, since, expiry and digest."""
         seen: dict[tuple[str | None, str], bool] = {}
 
         def visible(p: PendingApproval) -> bool:
@@ -303,7 +318,8 @@ class AgentRuns:
                     seen[key] = False
             return seen[key]
 
-        return _plain([p.to_dict() for p in self.engine.pending_approvals() if request is None or visible(p)])
+        pending = self.engine.pending_approvals(tenant=self.listed_tenant(request))
+        return _plain([p.to_dict() for p in pending if request is None or visible(p)])
 
     def approvals_page(self, request: Any, limit: Any = None, after: Any = None) -> dict[str, Any]:
         """A page of :meth:`approvals`: at most ``limit`` (default 100, at most 500) after the

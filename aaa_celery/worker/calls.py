@@ -95,8 +95,8 @@ def with_message(spec: CallSpec, message: dict[str, Any]) -> CallSpec:
     return CallSpec(spec.call_id, spec.name, spec.idempotency_key, {**request, "message": message})
 
 
-def context(request: Any, key: str, attempt: int) -> ToolContext:
-    """The ``ctx`` of an attempt, from the Celery request that carries it."""
+def context(request: Any, key: str, attempt: int, tool: str | None = None) -> ToolContext:
+    """The ``ctx`` of an attempt of ``tool``, from the Celery request that carries it."""
     # the tenant (and, for a tenant-scoped id, the run) is the call id's: see protocol.check_call
     identity = parse_call_id(request.id)
     return ToolContext(
@@ -108,5 +108,6 @@ def context(request: Any, key: str, attempt: int) -> ToolContext:
         fence=attempt,
         idempotency_key=key,
         tenant=identity.tenant if identity else None,
+        tool=tool,
         meta={"task_id": request.id, "hostname": request.hostname, "pid": os.getpid()},
     )

@@ -129,20 +129,21 @@ class GuardedTask(GuardOptions, _Task):
         config = self.guard_config
         headers = calls.aaa_headers(req)
         key = self.key_for(call_id, headers, args, kwargs)
+        tool = self.audit_name or self.name
         if not config.enabled:
-            ctx = calls.context(req, key, 1)
+            ctx = calls.context(req, key, 1, tool)
             return run_unguarded(config, self.timeout_s, lambda: self.body(args, kwargs, ctx))
         queue = (req.delivery_info or {}).get("routing_key")
-        call = calls.call_spec(self.name, self.audit_name or self.name, call_id, key,
-                               *stored_arguments(list(args), dict(kwargs)), queue, headers)
+        call = calls.call_spec(self.name, tool, call_id, key, *stored_arguments(list(args), dict(kwargs)), queue,
+                               headers)
         runner = GuardRunner(app_store(self.app), config, self.timeout_s, type(self).result_retry,
-                             TaskEvents(self, self.audit_name or self.name), result_codec(config.max_result_bytes),
+                             TaskEvents(self, tool), result_codec(config.max_result_bytes),
                              control_for(req), raise_for_task(self, call_id),
-                             reconcile_step(self, args, kwargs, lambda attempt: calls.context(req, key, attempt)),
+                             reconcile_step(self, args, kwargs, lambda attempt: calls.context(req, key, attempt, tool)),
                              copy_result=result_copy(self, req))
         worker = f"{req.hostname}/{os.getpid()}/{threading.get_ident()}"
         try:
-            value = runner.run(call, worker, lambda attempt: self.body(args, kwargs, calls.context(req, key, attempt)))
+            value = runner.run(call, worker, lambda attempt: self.body(args, kwargs, calls.context(req, key, attempt, tool)))
         except Dropped:
             raise Ignore() from None  # acked without a result: the call lives on in the store
         except HandBack as e:

@@ -179,6 +179,23 @@ def test_resolve_settles_unknown_and_refuses_a_real_result(recorded):
     assert json.loads(cli("show", recorded["completed"], "--json").output)["result"]["value"] == 42
 
 
+def test_resolve_records_the_operator_given_or_the_login_name(recorded, monkeypatch):
+    """Issue 35, suspicion 4d: the operator of ``aaa resolve`` is ``getpass.getuser()``, which
+    ``$LOGNAME``/``$USER`` decide (a label, not a proof); ``--operator`` names one explicitly."""
+    monkeypatch.setenv("LOGNAME", "whoever-the-env-says")
+    done = cli("resolve", recorded["unknown"], "--as", "failed", "--note", "PSP shows nothing",
+               "--operator", "alice")
+    assert done.exit_code == 0, done.output
+    (resolution,) = json.loads(cli("show", recorded["unknown"], "--json").output)["resolutions"]
+    assert resolution["by"] == f"alice@{socket.gethostname()}"
+    bad = cli("resolve", recorded["unknown"], "--as", "failed", "--note", "n", "--operator", "a\nb")
+    assert bad.exit_code == 2 and "--operator" in bad.output
+    # without --operator it is the login name, as the environment gives it
+    import getpass
+
+    assert getpass.getuser() == "whoever-the-env-says"
+
+
 def test_resolve_says_when_the_result_backend_was_not_written(redis_url):
     """The store takes the verdict; a result backend that is down is named on one line, exit 1."""
     ids = record_calls(redis_url)

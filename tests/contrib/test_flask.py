@@ -362,3 +362,44 @@ def test_request_limits_a_bounded_start_and_paginated_approvals_with_an_etag():
         assert r.headers["ETag"] and "no-cache" in r.headers["Cache-Control"]
         again = client.get("/aaa/approvals", headers={"If-None-Match": r.headers["ETag"]})
         assert again.status_code == 304 and again.get_data() == b""
+
+
+def test_the_approvals_poll_reads_only_the_requesting_tenants_runs():
+    """Reproduces on 03c27cd (issue 35, suspicion 4a): ``GET /approvals`` read every active run
+    of every tenant on each poll (and one run record per pending call to ask AUTHORIZE), then
+    kept the request's. With 10,000 waiting runs over 100 tenants, a person of one tenant must
+    cost the store reads of that tenant's 100 runs, not 10,000."""
+    import time as clock
+
+    from aaa_celery.protocol import call_id as make_call_id
+    from aaa_celery.stores.runs import RunRecord
+
+    authorize, tenant = tenant_hooks()
+    with example(AAA_CELERY_AUTHORIZE=authorize, AAA_CELERY_TENANT=tenant) as app:
+        client = app.test_client()
+        store = app.extensions["aaa_celery"].engine.engine.store
+        # Given 10,000 runs waiting for a person, 100 in each of 100 tenants
+        now = clock.time()
+        for n in range(10_000):
+            t, run_id = f"t-{n % 100}", f"run-{n}"
+            call = make_call_id(t, run_id, "0.0.0123456789abcdef")
+            store.put_run(RunRecord(run_id, t, algo="loop", status="waiting", started_at=now - n, updated_at=now,
+                                    approvals={call: {"run_id": run_id, "call_id": call, "tool": "refund",
+                                                      "arguments": {"n": n}, "since": now - n, "digest": f"d{n}",
+                                                      "tenant": t, "expires_at": now + 3600, "state": "open"}}))
+        # When a person of tenant t-7 polls the approvals, counting the run records the store hands back
+        read = {"rows": 0}
+        for verb in ("list_runs", "find_runs", "get_run"):
+            real = getattr(store, verb)
+
+            def counted(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+                found = _real(*args, **kwargs)
+                read["rows"] += len(found) if isinstance(found, list) else int(found is not None)
+                return found
+
+            setattr(store, verb, counted)
+        page = client.get("/aaa/approvals?limit=500", headers={"X-Tenant": "t-7"}).get_json()
+        # Then they see their tenant's 100 calls, and the store handed back their 100 runs (and
+        # at most one more read of each), not the other tenants' 9,900
+        assert len(page["approvals"]) == 100 and {p["tenant"] for p in page["approvals"]} == {"t-7"}
+        assert read["rows"] <= 2 * 100, read

@@ -18,7 +18,8 @@ from .conftest import make_shop, orders
 
 
 def ctx(attempt: int = 1, call_id: str = "call-1", key: str = "refund:A-100") -> ToolContext:
-    return ToolContext(engine=None, run_id="r", call_id=call_id, attempt=attempt, fence=attempt, idempotency_key=key)
+    return ToolContext(engine=None, run_id="r", call_id=call_id, attempt=attempt, fence=attempt, idempotency_key=key,
+                       tool="refund")
 
 
 def refund(ran: list[int], attempt: int, cents: int = 500) -> Any:

@@ -77,15 +77,19 @@ def test_public_names_and_signatures_of_the_effects_api_are_frozen():
 
     assert sorted(effects.__all__) == ["EffectLog", "StaleFence", "once"]
     assert effects.StaleFence is StaleFence
-    assert list(inspect.signature(effects.once).parameters) == ["db", "ctx", "fn"]
-    assert list(inspect.signature(effects.EffectLog.once).parameters) == ["self", "db", "ctx", "fn"]
+    # issue 35: records per tenant and tool; shared= (keyword only) lets tools share them
+    assert list(inspect.signature(effects.once).parameters) == ["db", "ctx", "fn", "shared"]
+    assert list(inspect.signature(effects.EffectLog.once).parameters) == ["self", "db", "ctx", "fn", "shared"]
+    assert list(inspect.signature(effects.EffectLog.upgrade).parameters) == ["self", "bind"]
     log = inspect.signature(effects.EffectLog).parameters
     assert {k: p.default for k, p in log.items()} == {
         "metadata": None, "table": "aaa_effects", "fences_table": "aaa_effect_fences"}
     assert django_effects.__all__ == ["once"]
     params = inspect.signature(django_effects.once).parameters
-    assert list(params) == ["ctx", "fn", "using"]
-    assert params["using"].kind is inspect.Parameter.KEYWORD_ONLY and params["using"].default is None
+    assert list(params) == ["ctx", "fn", "using", "shared"]
+    for name in ("using", "shared"):
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY and params[name].default is None
+    assert inspect.signature(effects.once).parameters["shared"].kind is inspect.Parameter.KEYWORD_ONLY
 
 
 @pytest.mark.parametrize("module", ["aaa_celery", "aaa_celery.tools", "aaa_celery.runtime", "aaa_celery.testing"])

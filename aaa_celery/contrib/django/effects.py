@@ -21,7 +21,7 @@ from typing import TypeVar
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 
 from aaa_celery.context import ToolContext
-from aaa_celery.effects import applied_once
+from aaa_celery.effects import Scope, applied_once
 from aaa_celery.fencing import StaleFence
 
 __all__ = ["once"]
@@ -56,40 +56,46 @@ class _DjangoRecords:
         highest = self.fences.filter(key=call_id).values_list("fence", flat=True).first()
         raise StaleFence(call_id, fence, highest)
 
-    def recorded(self, key: str) -> str | None:
-        found: str | None = self.effects.filter(key=key).values_list("result", flat=True).first()
-        return found
+    def recorded(self, scope: Scope) -> str | None:
+        found = dict(self.effects.filter(key__in=[scope.key, scope.legacy]).values_list("key", "result"))
+        text: str | None = found.get(scope.key, found.get(scope.legacy))
+        return text
 
-    def apply(self, key: str, ctx: ToolContext, produce: Callable[[], str]) -> str:
+    def apply(self, scope: Scope, ctx: ToolContext, produce: Callable[[], str]) -> str:
         try:
             with transaction.atomic(using=self.using):
                 text = produce()
-                self.effects.create(key=key, call_id=ctx.call_id, attempt=ctx.attempt, result=text)
+                self.effects.create(key=scope.key, call_id=ctx.call_id, attempt=ctx.attempt, result=text,
+                                    tenant=scope.tenant, tool=scope.tool)
             return text
         except IntegrityError:
-            found = self.recorded(key)
+            found = self.recorded(scope)
             if found is None:  # not our record's conflict: fn's own
                 raise
             return found
 
 
-def once(ctx: ToolContext, fn: Callable[[], _T], *, using: str | None = None) -> _T:
-    """Apply ``fn()`` at most once per ``ctx.idempotency_key``, in one transaction with its record.
+def once(ctx: ToolContext, fn: Callable[[], _T], *, using: str | None = None, shared: str | None = None) -> _T:
+    """Apply ``fn()`` at most once per tenant, tool and idempotency key, in one transaction with its record.
 
     Args:
-        ctx: the running attempt's :class:`~aaa_celery.context.ToolContext`.
+        ctx: the running attempt's :class:`~aaa_celery.context.ToolContext`: its tenant, tool
+            and idempotency key say where the record is kept.
         fn: the effect: it writes through the ORM (on ``using``) and returns a JSON value.
         using: the database alias (default: ``"default"``).
+        shared: keep the record under this name instead of the tool's: tools that pass the
+            same name share their records (within the tenant), as in :func:`aaa_celery.effects.once`.
 
     Returns:
         ``fn``'s value as JSON decodes it: from this run, or the one recorded by an earlier
-        attempt or call with the same idempotency key (``fn`` does not run then).
+        attempt or call of the same tenant and tool with the same idempotency key (``fn``
+        does not run then). Another tenant's record is never returned.
 
     Raises:
         StaleFence: a newer attempt of this call has reached this database; nothing ran and
             the transaction is rolled back (yours too, unless you catch it inside it).
-        ConfigError: ``ctx`` has no idempotency key (a direct call's context).
+        ConfigError: ``ctx`` has no idempotency key (a direct call's context) or no tool.
     """
     db = using or DEFAULT_DB_ALIAS
     with transaction.atomic(using=db):
-        return applied_once(_DjangoRecords(db), ctx, fn)
+        return applied_once(_DjangoRecords(db), ctx, fn, shared)

@@ -13,12 +13,16 @@ from django.db import models
 
 
 class Effect(models.Model):
-    """An effect applied once: its result, recorded under the call's idempotency key."""
+    """An effect applied once: its result, recorded under the call's tenant, tool and
+    idempotency key (``key`` is ``<tenant>:<tool>:<idempotency key>``, see
+    :class:`aaa_celery.effects.Scope`)."""
 
     key: models.TextField[str, str] = models.TextField(primary_key=True)
     call_id: models.TextField[str, str] = models.TextField()
     attempt: models.IntegerField[int, int] = models.IntegerField()
     result: models.TextField[str, str] = models.TextField()  # JSON text
+    tenant: models.TextField[str | None, str | None] = models.TextField(null=True)  # None: no tenant
+    tool: models.TextField[str | None, str | None] = models.TextField(null=True)  # None: a 0.2.0 row not yet moved
 
     class Meta:
         db_table = "aaa_effects"
