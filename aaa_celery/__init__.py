@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .worker import GuardedTask, install
 del TYPE_CHECKING
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"
 
 __all__ = [
     # the guard on Celery

@@ -21,10 +21,10 @@ def test_the_licence_file_ships_and_matches_the_metadata():
 
 
 def test_one_version_in_the_metadata_the_package_and_the_changelog():
-    assert PROJECT["version"] == aaa_celery.__version__ == "0.2.0"
+    assert PROJECT["version"] == aaa_celery.__version__ == "0.3.0.dev0"
     changelog = (ROOT / "CHANGELOG.md").read_text()
     headings = re.findall(r"^## (\S+)", changelog, re.M)
-    assert headings[:2] == ["0.2.0", "0.1.0"]
+    assert headings[:3] == ["0.3.0", "0.2.0", "0.1.0"]
     # 0.1.0 was never tagged: the changelog names its commit, which travels with the history
     assert re.search(r"^## 0\.1\.0 .*c79799f", changelog, re.M)
 
