@@ -317,8 +317,9 @@ def test_an_approval_for_other_arguments_is_refused(fleet: Fleet):
     other = DeferredToolResults(approvals={part.tool_call_id: ToolApproved(override_args={"to": "EVIL", "amount": 9})},
                                 metadata={part.tool_call_id: {"digest": meta["digest"]}})
     resumed = run(fleet, agent, None, message_history=paused.all_messages(), deferred_tool_results=other)
-    [told] = returns(resumed.all_messages()) or [None]
-    assert "ApprovalDenied" in resumed.output or told is None
+    # is refused: the model reads the refusal (ToolFailed), and nothing is sent
+    [told] = json.loads(resumed.output)
+    assert told.startswith("ApprovalDenied: ") and "other arguments" in told
     assert fleet.ledger("wire", to="EVIL") == [] and fleet.ledger("wire", to="ACME-2") == []
     # the approval of the arguments shown lets the call run, once
     decisions = asyncio.run(fleet.guarded.decisions(paused.output))
