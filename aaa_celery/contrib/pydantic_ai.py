@@ -56,6 +56,7 @@ import copy
 import dataclasses
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -82,6 +83,7 @@ from ..config import GuardConfig, GuardPolicy
 from ..errors import ConfigError, ExecutionAbandoned, OutcomeUnknown, ToolArgsError, ToolError
 from ..lifecycle import APPROVAL_DENIED, APPROVAL_GRANTED, APPROVAL_REQUESTED
 from ..protocol import check_run_id, check_tenant, mint_call_id
+from ..runtime.embedded import EmbeddedWorker, embedded_app
 from ..runtime.approvals import DEFAULT_APPROVAL_TTL_S, PendingApproval, arguments_hash, check_ttl, stored_approval
 from ..runtime.executor import ToolExecutor
 from ..runtime.results import ToolFact
@@ -171,9 +173,14 @@ class GuardedToolset(WrapperToolset[Any]):
         agent = Agent(model, toolsets=[guarded])
         await agent.run("refund A-100", conversation_id="order-A-100")
 
+    Without ``app`` it is the embedded default, as ``Engine()`` is: an in-process worker
+    thread on the in-memory broker and store (started at the first call; ``close()`` stops
+    it), so an example or a test needs no server.
+
     Args:
         wrapped: a ``FunctionToolset`` of plain tools (``tool_plain``: no ``RunContext``).
-        app: the Celery app of the fleet (its ``aaa_store_url`` is the guard's store).
+        app: the Celery app of the fleet (its ``aaa_store_url`` is the guard's store); None
+            for the embedded default.
         policies: guard options by tool name, as ``@tool`` takes them (``delivery``,
             ``requires_approval``, ``idempotency_key``, ``timeout_s``, ``pool``, ``guard``,
             ``reconcile``); a tool without one gets the handler's default.
@@ -190,7 +197,7 @@ class GuardedToolset(WrapperToolset[Any]):
         self,
         wrapped: FunctionToolset[Any],
         *,
-        app: Celery,
+        app: Celery | None = None,
         policies: Mapping[str, Mapping[str, Any]] | None = None,
         tenant: TenantOf = None,
         guard: GuardConfig | dict[str, Any] | None = None,
@@ -208,15 +215,17 @@ class GuardedToolset(WrapperToolset[Any]):
         if isinstance(tenant, str):
             check_tenant(tenant)
         super().__init__(wrapped)
-        self.app = app
+        self.embedded = app is None
+        self.app = app if app is not None else embedded_app(uuid.uuid4().hex[:8])
         self.tenant = tenant
         self.approval_ttl_s = check_ttl(approval_ttl_s, "GuardedToolset(approval_ttl_s=...)")
         self.registry = ToolRegistry(_guarded_tools(wrapped, policies or {}))
         self.handler = ToolHandler(self.registry, pools=pools, guard=guard, guards=guards)
-        self.handler.bind(app)
-        self.executor = ToolExecutor(app, embedded=False, poll_s=poll_s)
+        self.handler.bind(self.app)
+        self.executor = ToolExecutor(self.app, embedded=self.embedded, poll_s=poll_s)
         self.executor.add(self.handler)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._worker: EmbeddedWorker | None = None
         self._records = threading.Lock()  # one read-modify-write of a conversation's record at a time
 
     # -- the toolset -------------------------------------------------------------------------
@@ -250,6 +259,9 @@ class GuardedToolset(WrapperToolset[Any]):
         if loop is not self._loop:  # the pools' bounds live on one event loop
             self._loop = loop
             self.executor.new_loop()
+        if self.embedded and self._worker is None:
+            self._worker = EmbeddedWorker(self.app, f"aaa-pydantic-ai-{self.app.main}",
+                                          max(4, sum(self.executor.pool_sizes.values())))
         tenant, conversation = self.tenant_of(ctx), self.conversation_of(ctx)
         arguments = to_jsonable_python(tool_args)
         step, position = _step_and_position(ctx)
@@ -263,6 +275,12 @@ class GuardedToolset(WrapperToolset[Any]):
         if fact.ok:
             return fact.value
         raise _agent_error(fact)
+
+    def close(self) -> None:
+        """Stop the embedded worker (if it started); a fleet's toolset has nothing to stop."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop()
 
     # -- identity ----------------------------------------------------------------------------
     def tenant_of(self, ctx: RunContext[Any]) -> str | None:
@@ -366,6 +384,14 @@ class GuardedToolset(WrapperToolset[Any]):
         seq = (store.get_run(record.key) or record).events + 1
         store.append_run_events(record.key, [{"seq": seq, "type": event, "run_id": record.run_id,
                                               "data": data, "at": time.time()}])
+
+    def pending(self, conversation_id: str, *, tenant: str | None = None) -> list[dict[str, Any]]:
+        """The open requests for approval of a conversation (of ``tenant``), oldest first: what a
+        person is shown (tool, arguments, ``digest``, ``expires_at``) and what :func:`decide` takes."""
+        record = store_of(self.app).get_run(run_key(check_tenant(tenant), check_run_id(conversation_id)))
+        found = [dict(a) for a in (record.approvals.values() if record is not None else ())
+                 if a.get("state") == "open" and a.get("expires_at", 0) > time.time()]
+        return sorted(found, key=lambda a: a["since"])
 
     async def decisions(self, requests: DeferredToolRequests, *, wait_s: float = 0.0,
                         poll_s: float = 0.25) -> DeferredToolResults | None:
