@@ -44,9 +44,7 @@ any other failure             ``ToolError`` raised (an unguarded tool's exceptio
 
 **What crosses the wire:** the arguments, as JSON. ``RunContext`` (its ``deps`` above
 all) stays in the web process: a tool that takes ``RunContext`` is refused when the
-toolset is made. A tool that needs its call's identity takes a
-:class:`~aaa_celery.tools.ToolContext` instead (``call_id``, ``tenant``, ``run_id``
-(the conversation), ``tool_call_id``, ``attempt``).
+toolset is made (declare guarded tools with ``tool_plain``). The result comes back as JSON.
 """
 
 from __future__ import annotations
@@ -125,8 +123,8 @@ def _guarded_tools(wrapped: FunctionToolset[Any], policies: Mapping[str, Mapping
         if ptool.takes_ctx:
             raise ConfigError(
                 f"GuardedToolset: tool {name!r} takes Pydantic AI's RunContext, which stays in the web "
-                "process (its deps are not sent to a worker); declare it with tool_plain, and take "
-                "aaa_celery.tools.ToolContext (call_id, tenant, attempt) if it needs its call's identity")
+                "process (its deps are not sent to a worker); declare it with tool_plain, and build what "
+                "its body needs on the worker")
         options.setdefault("description", ptool.description or "")
         options.setdefault("requires_approval", ptool.requires_approval)
         made.append(Tool(ptool.function, name=name, **options))
