@@ -84,7 +84,7 @@ from ..protocol import check_run_id, check_tenant, mint_call_id
 from ..runtime.embedded import EmbeddedWorker, embedded_app
 from ..runtime.approvals import DEFAULT_APPROVAL_TTL_S, PendingApproval, arguments_hash, check_ttl, stored_approval
 from ..runtime.executor import ToolExecutor
-from ..runtime.results import ToolFact
+from ..runtime.results import ToolFact, failed
 from ..runtime.runstate import RunRecord, run_key
 from ..tools import Tool, ToolHandler, ToolRegistry
 from ..tools.handler import store_of
@@ -100,7 +100,7 @@ _OPTIONS = frozenset({"description", "requires_approval", "timeout_s", "pool", "
 #: The name a conversation's record carries as its algorithm (the pages show it).
 ALGO = "pydantic_ai"
 #: Errors the model reads as a terminal tool failure (``ToolFailed``).
-_TOLD = frozenset({"PolicyDenied", "ApprovalDenied", "ApprovalExpired", "ToolFailed", "ResultTooLarge"})
+_TOLD = frozenset({"PolicyDenied", "ApprovalDenied", "ApprovalExpired", "ResultTooLarge"})
 #: Errors that become a retry prompt (``ModelRetry``).
 _RETRIED = frozenset({"ToolArgsError", "ModelRetry"})
 #: Errors raised out of the run, for the app to handle (the effect may have happened, or never will).
@@ -152,6 +152,8 @@ def _agent_error(fact: ToolFact) -> BaseException:
     kind, message = fact.error or "ToolError", fact.message
     if kind in _RETRIED:
         return ModelRetry(message)
+    if kind == "ToolFailed":  # the body's own: as the model would read it without the guard
+        return ToolFailed(message)
     if kind in _TOLD:
         return ToolFailed(f"{kind}: {message}")
     raised = _RAISED.get(kind)
@@ -269,7 +271,10 @@ class GuardedToolset(WrapperToolset[Any]):
             raise ModelRetry(str(checked))
         if t.requires_approval:
             await self._approved(ctx, tenant, conversation, call_id, t, checked.shown)
-        fact = await self.executor.send(conversation, tenant, call_id, ctx.tool_call_id or "", t, checked)
+        try:
+            fact = await self.executor.send(conversation, tenant, call_id, ctx.tool_call_id or "", t, checked)
+        except ToolError as e:  # refused before it was sent (the policy's rules): a fact, as the engine's
+            fact = failed(call_id, name, e)
         if fact.ok:
             return fact.value
         raise _agent_error(fact)
