@@ -44,6 +44,7 @@ from aaa_celery.errors import ConfigError, OutcomeUnknown  # noqa: E402
 from aaa_celery.protocol import mint_call_id  # noqa: E402
 from aaa_celery.worker.stores import app_store  # noqa: E402
 
+from ..runtime.conftest import kill_9_when  # noqa: E402
 from ..runtime.fleet import Worker  # noqa: E402
 from . import pydantic_ai_app as pa  # noqa: E402
 
@@ -201,15 +202,8 @@ def test_the_web_process_killed_mid_run_then_the_run_driven_again_runs_no_body_t
     env = {**os.environ, pa.ENV: fleet.url, "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen([sys.executable, "-c", WEB, order, conv], cwd=ROOT, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        # When it is killed -9 while the refund runs on a worker
-        holder(fleet, "refund", order_id=order)
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(10)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(10)
+    # When it is killed -9 while the refund runs on a worker
+    kill_9_when(child, lambda: fleet.ledger("refund", order_id=order), 60, "the refund running")
     # Then the conversation driven again (a new process, the same conversation id) gets both results
     agent = Agent(refund_and_search(order, "W-1"), toolsets=[fleet.guarded])
     result = run(fleet, agent, conversation_id=conv)
