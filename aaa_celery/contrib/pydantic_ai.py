@@ -52,10 +52,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import contextlib
+import os
+import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from celery import Celery
@@ -99,6 +102,10 @@ _OPTIONS = frozenset({"description", "requires_approval", "timeout_s", "pool", "
                       "guard", "reconcile"})
 #: The name a conversation's record carries as its algorithm (the pages show it).
 ALGO = "pydantic_ai"
+#: How long a process holds a conversation's record for one write (its run lease, seconds), and
+#: how long it waits for another process's hold to end.
+_RECORD_LEASE_S = 10.0
+_RECORD_WAIT_S = 30.0
 #: Errors the model reads as a terminal tool failure (``ToolFailed``).
 _TOLD = frozenset({"PolicyDenied", "ApprovalDenied", "ApprovalExpired", "ResultTooLarge"})
 #: Errors that become a retry prompt (``ModelRetry``).
@@ -227,6 +234,7 @@ class GuardedToolset(WrapperToolset[Any]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._worker: EmbeddedWorker | None = None
         self._records = threading.Lock()  # one read-modify-write of a conversation's record at a time
+        self._holder = f"{socket.gethostname()}/{os.getpid()}/pydantic-ai-{uuid.uuid4().hex[:8]}"
 
     # -- the toolset -------------------------------------------------------------------------
     # A dataclass ``replace`` would call __init__ with ``wrapped`` alone (and bind again):
@@ -315,12 +323,32 @@ class GuardedToolset(WrapperToolset[Any]):
         if found is not None:
             raise ToolFailed(f"ApprovalDenied: {found}")
 
+    @contextlib.contextmanager
+    def _holding(self, key: str) -> Iterator[None]:
+        """Hold a conversation's record for one read-modify-write: this process's lock, and the
+        run's lease in the store against another process's (it writes only what it holds). The
+        first write of a record has nothing to hold yet."""
+        store = store_of(self.app)
+        with self._records:
+            deadline = time.monotonic() + _RECORD_WAIT_S
+            while not store.lease_run(key, self._holder, _RECORD_LEASE_S):
+                if store.get_run(key) is None:
+                    break  # no record to hold yet: this write makes it
+                if time.monotonic() > deadline:
+                    raise ToolError(f"the record of conversation {key!r} is held by another process for longer "
+                                    f"than {_RECORD_WAIT_S:g} s")
+                time.sleep(0.05)
+            try:
+                yield
+            finally:
+                store.release_run(key, self._holder)
+
     def _request(self, key: str, tenant: str | None, conversation: str, call_id: str, t: Tool[..., Any],
                  shown: Any, tool_call_id: str | None) -> PendingApproval:
         """The open request for approval of ``call_id``: the one stored (same arguments, not
         expired), else a new one, written to the conversation's record (decidable anywhere)."""
         store = store_of(self.app)
-        with self._records:
+        with self._holding(key):
             record = store.get_run(key) or RunRecord(conversation, tenant, ALGO, None, "waiting", time.time())
             prior = record.approvals.get(call_id)
             if prior is not None and prior.get("state") == "open" and prior.get("expires_at", 0) > time.time() \
@@ -342,7 +370,7 @@ class GuardedToolset(WrapperToolset[Any]):
         else why the call may not go. ``metadata`` (``DeferredToolResults.metadata``) may carry
         the ``digest`` of the request shown: the app's approval is then recorded as the decision."""
         store = store_of(self.app)
-        with self._records:
+        with self._holding(key):
             record = store.get_run(key)
             prior = record.approvals.get(call_id) if record is not None else None
             if record is None or prior is None:
