@@ -29,18 +29,16 @@ repeats.
 
 **Errors**, in Pydantic AI's idiom (``docs/pydantic-ai.md`` has the table):
 
-============================  ===================================================
-the guard says                the agent gets
-============================  ===================================================
-``ToolArgsError``             ``ModelRetry``: a retry prompt the model answers
-body raised ``ModelRetry``    ``ModelRetry``, as without the guard
-``PolicyDenied``              ``ToolFailed``: the model reads it and adapts
-``ApprovalDenied``            ``ToolFailed`` (a person's ``ToolDenied`` as usual)
-``OutcomeUnknown``            raised out of ``agent.run``: the app decides
-``ExecutionAbandoned``        raised out of ``agent.run``
-any other failure             ``ToolError`` raised (an unguarded tool's exception
-                              propagates too)
-============================  ===================================================
+| the guard says             | the agent gets                                           |
+|----------------------------|----------------------------------------------------------|
+| ``ToolArgsError``          | ``ModelRetry``: a retry prompt the model answers          |
+| the body's ``ModelRetry``  | ``ModelRetry``, as without the guard                      |
+| the body's ``ToolFailed``  | ``ToolFailed``, as without the guard                      |
+| ``PolicyDenied``           | ``ToolFailed``: the model reads it and adapts             |
+| ``ApprovalDenied``         | ``ToolDenied`` / ``ToolFailed``: the model reads it       |
+| ``OutcomeUnknown``         | raised out of ``agent.run``: the app decides              |
+| ``ExecutionAbandoned``     | raised out of ``agent.run``                               |
+| any other failure          | ``ToolError`` raised (as an unguarded tool's exception)   |
 
 **What crosses the wire:** the arguments, as JSON. ``RunContext`` (its ``deps`` above
 all) stays in the web process: a tool that takes ``RunContext`` is refused when the
