@@ -39,7 +39,7 @@ from pydantic_ai import (  # noqa: E402
 from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
 from pydantic_ai.models.test import TestModel  # noqa: E402
 
-from aaa_celery.contrib.pydantic_ai import GuardedToolset, decide  # noqa: E402
+from aaa_celery.contrib.pydantic_ai import GuardedToolset  # noqa: E402
 from aaa_celery.errors import ConfigError, OutcomeUnknown  # noqa: E402
 from aaa_celery.protocol import mint_call_id  # noqa: E402
 from aaa_celery.worker.stores import app_store  # noqa: E402
