@@ -20,7 +20,7 @@ REFERENCE = [
     "aaa_celery", "aaa_celery.errors", "aaa_celery.tools", "aaa_celery.runtime", "aaa_celery.testing",
     "aaa_celery.testing.pytest_plugin", "aaa_celery.testing.effects", "aaa_celery.policy",
     "aaa_celery.fencing", "aaa_celery.effects", "aaa_celery.contrib.django.effects", "aaa_celery.llm", "aaa_celery.algos", "aaa_celery.contrib.flask",
-    "aaa_celery.contrib.django", "aaa_celery.contrib.mcp",
+    "aaa_celery.contrib.django", "aaa_celery.contrib.mcp", "aaa_celery.contrib.pydantic_ai",
 ]
 
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
