@@ -1,0 +1,95 @@
+"""Issue 43, one clock for every lease: workers whose wall clocks are 300 s off.
+
+Two workers share one broker and one store; one runs with its wall clock 300 s ahead and
+the other 300 s behind (libfaketime; their monotonic clocks stay the machine's, as after
+a failed NTP sync). Reproduces on 03c27cd: a live call was brought back by recovery and
+its body ran twice (at_least_once), a healthy at_most_once call ended OutcomeUnknown, and
+a clock behind delayed a takeover by the skew.
+
+By default (and in CI) a short form runs: 6 + 6 calls of 1-3 s. ``AAA_CLOCK_LONG=1`` runs
+the issue's: 50 at_least_once and 50 at_most_once calls of 1-5 s.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+import pytest
+
+from aaa_celery.testing import wait_for
+from aaa_celery.testing.faults import FAKETIME_LIBRARY, skewed_clock
+
+pytestmark = [pytest.mark.redis, pytest.mark.fleet,
+              pytest.mark.skipif(not os.path.exists(FAKETIME_LIBRARY) and os.environ.get("CI") != "true",
+                                 reason="libfaketime is not installed (apt-get install faketime)")]
+
+TTL = 2.0
+SKEW_S = 300.0
+LONG = os.environ.get("AAA_CLOCK_LONG") == "1"
+CALLS, LONGEST_S = (50, 5.0) if LONG else (6, 3.0)
+
+
+@pytest.fixture(params=["redis", "postgres", "sqlite"])
+def store_url(request, tmp_path):
+    if request.param == "postgres":
+        request.applymarker(pytest.mark.postgres)
+        return request.getfixturevalue("postgres_url")
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.sqlite3'}"
+    return ""  # the broker's Redis
+
+
+def skewed_fleet(fleet, store_url):
+    env = {"STORE": store_url} if store_url else {}
+    return fleet(2, concurrency=4 if LONG else 3, TTL=TTL,
+                 worker_env=(skewed_clock(+SKEW_S), skewed_clock(-SKEW_S)), **env)
+
+
+def body_starts(f, task_id):
+    return f.ledger.entries(task_id, "start")
+
+
+@pytest.mark.timeout(900 if LONG else 300)
+def test_calls_on_workers_300_s_apart_complete_and_start_once(fleet, store_url):
+    # Given two workers, one 300 s ahead and one 300 s behind
+    f = skewed_fleet(fleet, store_url)
+    rnd = random.Random(43)
+    # When both run at_least_once and at_most_once calls of 1 to LONGEST_S seconds
+    sent = []
+    for i in range(CALLS):
+        for name in ("fleet.long", "fleet.long_amo"):
+            sent.append((name, f.client.tasks[name].delay(round(rnd.uniform(1.0, LONGEST_S), 2))))
+    # Then every call completes (no OutcomeUnknown, no ExecutionAbandoned) ...
+    failures = []
+    for name, result in sent:
+        try:
+            result.get(timeout=600 if LONG else 180)
+        except Exception as e:  # noqa: BLE001 - collected, asserted below
+            failures.append(f"{name} {result.id}: {type(e).__name__}: {e}")
+    # ... and its body started once
+    twice = {r.id: len(body_starts(f, r.id)) for _, r in sent if len(body_starts(f, r.id)) != 1}
+    assert failures == [] and twice == {}, f"failed: {failures}; body starts other than 1: {twice}"
+    # ... as attempt 1
+    assert {r.get()["attempt"] for _, r in sent} == {1}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("killed", [0, 1], ids=["ahead-killed", "behind-killed"])
+def test_kill_9_of_a_skewed_holder_is_taken_over_within_ttl_plus_3_s(fleet, store_url, killed):
+    # Given two workers 600 s apart (3 pool processes each), each running 3 long calls
+    f = skewed_fleet(fleet, store_url)
+    results = [f.client.tasks["fleet.long"].delay(10.0) for _ in range(6)]
+    firsts = {r.id: wait_for(lambda r=r: body_starts(f, r.id), 30, "a first body start")[0] for r in results}
+    holder = f[killed]
+    held = [r for r in results if f.worker_of(firsts[r.id]["pid"]) is holder]
+    assert held, "the worker to kill holds no call"
+    # When one of them is killed
+    holder.kill()
+    killed_at = time.monotonic()
+    # Then the other worker takes each of its calls over within the TTL + 3 s, in real time
+    wait_for(lambda: all(len(body_starts(f, r.id)) >= 2 for r in held), TTL + 30, "the takeovers")
+    took = time.monotonic() - killed_at
+    assert took < TTL + 3, f"taken over {took:.1f} s after the kill"
+    assert [r.get(timeout=60)["attempt"] for r in held] == [2] * len(held)
