@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.fleet,
                                  reason="libfaketime is not installed (apt-get install faketime)")]
 
 TTL = 2.0
-SKEW_S = 300.0
+SKEW_S = float(os.environ.get("AAA_CLOCK_SKEW_S") or 300.0)
 LONG = os.environ.get("AAA_CLOCK_LONG") == "1"
 CALLS, LONGEST_S = (50, 5.0) if LONG else (6, 3.0)
 
@@ -41,10 +41,10 @@ def store_url(request, tmp_path):
     return ""  # the broker's Redis
 
 
-def skewed_fleet(fleet, store_url):
+def skewed_fleet(fleet, store_url, concurrency=4 if LONG else 3):
     env = {"STORE": store_url} if store_url else {}
-    return fleet(2, concurrency=4 if LONG else 3, TTL=TTL,
-                 worker_env=(skewed_clock(+SKEW_S), skewed_clock(-SKEW_S)), **env)
+    return fleet(2, concurrency=concurrency, TTL=TTL,
+                 worker_env=(skewed_clock(+SKEW_S), skewed_clock(-SKEW_S)) if SKEW_S else (), **env)
 
 
 def body_starts(f, task_id):
@@ -78,18 +78,40 @@ def test_calls_on_workers_300_s_apart_complete_and_start_once(fleet, store_url):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("killed", [0, 1], ids=["ahead-killed", "behind-killed"])
 def test_kill_9_of_a_skewed_holder_is_taken_over_within_ttl_plus_3_s(fleet, store_url, killed):
-    # Given two workers 600 s apart (3 pool processes each), each running 3 long calls
-    f = skewed_fleet(fleet, store_url)
-    results = [f.client.tasks["fleet.long"].delay(10.0) for _ in range(6)]
-    firsts = {r.id: wait_for(lambda r=r: body_starts(f, r.id), 30, "a first body start")[0] for r in results}
-    holder = f[killed]
-    held = [r for r in results if f.worker_of(firsts[r.id]["pid"]) is holder]
-    assert held, "the worker to kill holds no call"
+    # Given two workers 600 s apart (4 pool processes each), and long calls until the one
+    # to be killed holds some (the other keeps a free process for each of them)
+    f = skewed_fleet(fleet, store_url, concurrency=4)
+    holder, held = f[killed], []
+    for _ in range(3):
+        results = [f.client.tasks["fleet.long"].delay(12.0) for _ in range(4)]
+        firsts = {r.id: wait_for(lambda r=r: body_starts(f, r.id), 30, "a first body start")[0] for r in results}
+        held = [r for r in results if f.worker_of(firsts[r.id]["pid"]) is holder]
+        if held:
+            break
+        for r in results:
+            r.get(timeout=60)
+    assert held, "the worker to kill took none of 12 calls"
     # When one of them is killed
     holder.kill()
     killed_at = time.monotonic()
     # Then the other worker takes each of its calls over within the TTL + 3 s, in real time
     wait_for(lambda: all(len(body_starts(f, r.id)) >= 2 for r in held), TTL + 30, "the takeovers")
     took = time.monotonic() - killed_at
-    assert took < TTL + 3, f"taken over {took:.1f} s after the kill"
+    trail = {r.id: [(e.type, e.attempt, round(e.at - f.store.now(), 1)) for e in f.store.events(r.id)] for r in held}
+    assert took < TTL + 3, f"taken over {took:.1f} s after the kill: {trail}"
     assert [r.get(timeout=60)["attempt"] for r in held] == [2] * len(held)
+
+
+def test_a_worker_300_s_ahead_is_named_with_its_offset_at_start_and_by_doctor(fleet):
+    from aaa_celery.cli.doctor import check_worker_clocks, guarded_tasks
+
+    # Given a worker 300 s ahead of the store's clock and one on time
+    f = fleet(2, TTL=TTL, worker_env=(skewed_clock(+SKEW_S),))
+    ahead, on_time = f[0], f[1]
+    # Then the skewed one says so in its log at start, with the offset ...
+    assert "is +300." in ahead.log and "off the store's" in ahead.log, ahead.log[-3000:]
+    assert "off the store's" not in on_time.log
+    # ... and doctor names it, with the offset, and only it
+    check = check_worker_clocks(f.client, guarded_tasks(f.client), timeout_s=2.0)
+    assert check.status == "fail", check
+    assert ahead.hostname in check.detail and "+300." in check.detail and on_time.hostname not in check.detail
