@@ -7,7 +7,8 @@ its body ran twice (at_least_once), a healthy at_most_once call ended OutcomeUnk
 a clock behind delayed a takeover by the skew.
 
 By default (and in CI) a short form runs: 6 + 6 calls of 1-3 s. ``AAA_CLOCK_LONG=1`` runs
-the issue's: 50 at_least_once and 50 at_most_once calls of 1-5 s.
+the issue's: 50 at_least_once and 50 at_most_once calls of 1-5 s. ``AAA_CLOCK_SKEW_S=0`` runs the
+same fleet without skew (a control).
 """
 
 from __future__ import annotations
