@@ -29,13 +29,15 @@ def skewed_clock(offset_s: float, env: Mapping[str, str] | None = None) -> dict[
     """``env`` (default: none) plus what makes a process started with it read a wall clock
     ``offset_s`` seconds off (``time.time()``, ``datetime.now()``), through libfaketime. Its
     monotonic clock stays the machine's, as on a machine whose NTP sync failed (a wall
-    clock off by minutes ticks at the right rate). Raises ``FileNotFoundError`` when
+    clock off by minutes ticks at the right rate); the launcher of
+    :class:`~aaa_celery.testing.WorkerProcess` then sleeps on timed waits (libfaketime 0.9.10
+    refuses CPython's monotonic ``clock_nanosleep``). Raises ``FileNotFoundError`` when
     libfaketime is not installed (Debian: ``apt-get install faketime``)."""
     if not os.path.exists(FAKETIME_LIBRARY):
         raise FileNotFoundError(f"{FAKETIME_LIBRARY}: libfaketime is not installed (apt-get install faketime)")
     preload = " ".join(p for p in ((env or {}).get("LD_PRELOAD", ""), FAKETIME_LIBRARY) if p)
     return {**(env or {}), "LD_PRELOAD": preload, "FAKETIME": f"{offset_s:+.3f}s",
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_NO_CACHE": "1"}
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
 
 class HasPid(Protocol):

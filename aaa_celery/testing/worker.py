@@ -29,7 +29,7 @@ def _sleep(seconds: float) -> None:
 
 def main() -> None:
     if os.environ.get("FAKETIME") and os.environ.get("FAKETIME_DONT_FAKE_MONOTONIC") == "1":
-        time.sleep = _sleep
+        time.sleep = _sleep  # type: ignore[assignment]  # floats only, as every caller passes
     # As ``python -m celery`` does: patch for eventlet/gevent before anything else loads.
     if "multi" not in sys.argv:
         from celery import maybe_patch_concurrency
