@@ -2,9 +2,13 @@
 
 Two workers share one broker and one store; one runs with its wall clock 300 s ahead and
 the other 300 s behind (libfaketime; their monotonic clocks stay the machine's, as after
-a failed NTP sync). Reproduces on 03c27cd: a live call was brought back by recovery and
-its body ran twice (at_least_once), a healthy at_most_once call ended OutcomeUnknown, and
-a clock behind delayed a takeover by the skew.
+a failed NTP sync). Red on 03c27cd with the SQLite store, whose clock was each process's
+``time.time()``: a kill -9 of the worker ahead was not taken over within 34 s (the worker
+behind judged the dead lease live for 300 s more). On Redis and PostgreSQL the leases were
+already judged on the server's clock and these tests pass on 03c27cd; the double body start
+and the OutcomeUnknown reported on Redis came from libfaketime faking the monotonic clock as
+well (CPython's timed waits then never time out, so renewals and sweeps stop), which
+``skewed_clock`` leaves real.
 
 By default (and in CI) a short form runs: 6 + 6 calls of 1-3 s. ``AAA_CLOCK_LONG=1`` runs
 the issue's: 50 at_least_once and 50 at_most_once calls of 1-5 s. ``AAA_CLOCK_SKEW_S=0`` runs the
