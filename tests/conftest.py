@@ -26,8 +26,10 @@ controller's pid: the controller looks for leftovers once every worker has exite
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import re
+import shutil
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -208,9 +210,19 @@ def postgres_url(postgres_server: PostgresServer) -> str:
 
 
 @pytest.fixture(scope="session")
-def old_release(tmp_path_factory: pytest.TempPathFactory):
+def old_release(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """The previous release (0.1.0), built from git history into a venv of its own
-    (``tests/old_release.py``), once per session."""
-    from .old_release import build
+    (``tests/old_release.py``), once per run: under xdist the first worker that asks builds
+    it in the run's shared temp directory, under a lock, and the others use that one."""
+    from .old_release import build, built
 
-    return build(tmp_path_factory.mktemp("aaa-0.1.0"))
+    if not hasattr(request.config, "workerinput"):
+        return build(tmp_path_factory.mktemp("aaa-0.1.0"))
+    shared = tmp_path_factory.getbasetemp().parent / "aaa-0.1.0"  # pytest-N/, beside each popen-gwN/
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if (release := built(shared)) is None:
+            shutil.rmtree(shared, ignore_errors=True)  # a build that died half-way
+            shared.mkdir()
+            release = build(shared)
+        return release
