@@ -17,13 +17,19 @@ Run-wide rules (tests/project/test_run_rules.py checks them):
   must not hide behind a skip;
 - at the end of the run, a process the tests started (a worker, a server, a web app) that
   is still alive fails the run, named, and is killed by its pid (tests/leftovers.py).
+
+Under pytest-xdist (``.ci/run`` passes ``-n``) each xdist worker starts servers of its own
+(the session fixtures run once per worker, on free ports) and marks what it starts with the
+controller's pid: the controller looks for leftovers once every worker has exited.
 """
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import re
+import shutil
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -77,8 +83,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
     _fail_missing_module_skip(outcome.get_result())
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist's controller hands each worker the run's mark (the controller's pid)."""
+    node.workerinput["aaa_run_pid"] = RUN_PID
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker marks what it starts with the controller's pid, not its own: the
+    controller checks the whole run's leftovers after the workers are gone."""
+    global RUN_PID
+    run_pid = getattr(config, "workerinput", {}).get("aaa_run_pid")
+    if run_pid is not None:
+        RUN_PID = leftovers.mark_run(int(run_pid))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the run on a process the tests left alive, naming it; then kill it by its pid."""
+    """Fail the run on a process the tests left alive, naming it; then kill it by its pid.
+
+    An xdist worker leaves it to the controller, whose hook runs after xdist's own
+    ``pytest_sessionfinish`` has stopped the workers (a plugin registered later runs first)."""
+    if hasattr(session.config, "workerinput"):
+        return
     left = leftovers.wait_for_leftovers(RUN_PID, LEFTOVER_GRACE_S)
     if not left:
         return
@@ -184,9 +210,19 @@ def postgres_url(postgres_server: PostgresServer) -> str:
 
 
 @pytest.fixture(scope="session")
-def old_release(tmp_path_factory: pytest.TempPathFactory):
+def old_release(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """The previous release (0.1.0), built from git history into a venv of its own
-    (``tests/old_release.py``), once per session."""
-    from .old_release import build
+    (``tests/old_release.py``), once per run: under xdist the first worker that asks builds
+    it in the run's shared temp directory, under a lock, and the others use that one."""
+    from .old_release import build, built
 
-    return build(tmp_path_factory.mktemp("aaa-0.1.0"))
+    if not hasattr(request.config, "workerinput"):
+        return build(tmp_path_factory.mktemp("aaa-0.1.0"))
+    shared = tmp_path_factory.getbasetemp().parent / "aaa-0.1.0"  # pytest-N/, beside each popen-gwN/
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if (release := built(shared)) is None:
+            shutil.rmtree(shared, ignore_errors=True)  # a build that died half-way
+            shared.mkdir()
+            release = build(shared)
+        return release

@@ -24,10 +24,12 @@ MARK = "AAA_TEST_RUN"
 RUNTIME_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
 
-def mark_run() -> int:
-    """Export this process's pid as the run's mark, for every process started from now on."""
-    os.environ[MARK] = str(os.getpid())
-    return os.getpid()
+def mark_run(run_pid: int | None = None) -> int:
+    """Export the run's mark (this process's pid, or ``run_pid``: an xdist worker takes its
+    controller's) for every process started from now on; returns it."""
+    run_pid = os.getpid() if run_pid is None else run_pid
+    os.environ[MARK] = str(run_pid)
+    return run_pid
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The previous release, 0.1.0 (commit c79799f), built from this repository's history into
 a venv of its own, for the upgrade test and the mixed-version chaos run.
 
-:func:`build` (once per session: ``old_release`` fixture) makes a ``git worktree`` of the
+:func:`build` (once per run: ``old_release`` fixture; under xdist :func:`built` finds another worker's) makes a ``git worktree`` of the
 commit in a temp dir and ``pip install --no-deps``-es it into a venv made without pip,
 whose only view of the shared packages (celery, redis, SQLAlchemy, ...) is a ``.pth``
 line naming this interpreter's site-packages. A ``.pth`` line adds a directory to
@@ -70,6 +70,19 @@ def build(where: Path, commit: str = RELEASE_0_1_0) -> OldRelease:
                        check=True, capture_output=True, text=True, env=env(), cwd=where)
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
+    release = _checked(where)
+    (where / "built").write_text(commit)
+    return release
+
+
+def built(where: Path) -> OldRelease | None:
+    """The release :func:`build` finished in ``where`` before (another xdist worker's), if any."""
+    return _checked(where) if (where / "built").is_file() else None
+
+
+def _checked(where: Path) -> OldRelease:
+    venv = where / "venv"
+    python = venv / "bin" / "python"
     found = subprocess.run([str(python), "-c", "import aaa_celery; print(aaa_celery.__file__)"], check=True,
                            capture_output=True, text=True, env=env(), cwd=where).stdout.strip()
     assert found.startswith(str(venv)), f"the old venv imports aaa_celery from {found}, not its own copy"

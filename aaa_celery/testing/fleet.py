@@ -174,8 +174,9 @@ class WorkerProcess:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"worker {self.hostname} not ready after {timeout_s} s:\n{self.log[-4000:]}")
             time.sleep(0.05)
-        if self.pool == "prefork":
-            wait_for(lambda: len(self.children()) >= self.concurrency, 10, f"{self.hostname} pool")
+        if self.pool == "prefork":  # what is left of timeout_s, 10 s at least: a loaded machine forks slowly
+            wait_for(lambda: len(self.children()) >= self.concurrency,
+                     max(10.0, deadline - time.monotonic()), f"{self.hostname} pool")
         return self
 
     def kill(self) -> None:

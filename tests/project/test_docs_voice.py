@@ -22,7 +22,7 @@ DIARY = re.compile(
 )
 
 #: Pages that are history by design.
-HISTORY = {"changelog.md", "performance.md"}
+HISTORY = {"changelog.md"}
 
 
 def pages() -> list[Path]:
