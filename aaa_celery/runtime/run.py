@@ -146,7 +146,9 @@ class RunHandle:
         self._events: list[dict[str, Any]] = []
         self._seq0 = 0  # events already stored before this process drove the run (a resume)
         #: The run's requests for approval (of a run this process drives).
-        self.approvals = RunApprovals(self)
+        self.approvals = RunApprovals(run_id=run_id, tenant=tenant, key=self.key, store=ctx.store,
+                                      ttl_s=ctx.approval_ttl_s, emit=self.emit, touch=self._touch,
+                                      writer=lambda: self._writer)
         self._turns = 0
         self._llm_turns = 0
         self._replaying = False
