@@ -158,8 +158,7 @@ class Recovery:
         self._looked = -math.inf
         #: calls this sweeper registered from a worker's unacked message (bounded)
         self._adopted: dict[str, None] = {}
-        #: How many republishes and abandons this sweeper made (for tests and operators).
-        self.republished = 0
+        #: How many calls this sweeper ended as abandoned (for tests and operators).
         self.abandoned = 0
 
     def sweep(self) -> list[str]:
@@ -264,7 +263,6 @@ class Recovery:
                 options["queue"] = request["queue"]
             self.app.send_task(request["task"], args=CODEC.decode(request.get("args")) or [],
                                kwargs=CODEC.decode(request.get("kwargs")) or {}, producer=self.producer, **options)
-        self.republished += 1
         log.debug("aaa recovery republished %s (try %d: %s)", call.call_id, tries, why)
         return [call.call_id]
 
