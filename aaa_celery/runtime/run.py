@@ -47,7 +47,7 @@ from .runstate import (
 )
 
 if TYPE_CHECKING:
-    from ..stores import Store
+    from ..stores.base import RunStore
     from .executor import ToolExecutor
 
 #: Statuses of a run that ended.
@@ -104,7 +104,7 @@ class RunContext:
         max_calls_per_turn: the most tool calls of one model turn that are run.
     """
 
-    store: Store
+    store: RunStore
     tools: ToolExecutor
     llm: Any
     holder: str

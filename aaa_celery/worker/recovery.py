@@ -45,7 +45,7 @@ from celery import Celery
 
 from ..errors import ConfigError, StoreError
 from ..lifecycle import STARTED, CallSpec, Outcome
-from ..stores.base import Store
+from ..stores.base import RecoveryStore
 from .broker import ABSENT, QUEUED, TAKEN, RedisBrokerProbe
 from .calls import aaa_headers, with_message
 from .codec import CODEC
@@ -148,7 +148,7 @@ class Recovery:
         probe: looks for messages in a Redis broker; None for other brokers.
     """
 
-    def __init__(self, app: Celery, store: Store, worker: str, producer: Any = None,
+    def __init__(self, app: Celery, store: RecoveryStore, worker: str, producer: Any = None,
                  probe: RedisBrokerProbe | None = None) -> None:
         self.app, self.store, self.worker = app, store, worker
         self.producer, self.probe = producer, probe
