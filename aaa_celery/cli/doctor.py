@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import AAACeleryError, UnsafeDeployment
 from ..stores.base import OperatorStore
+from ..worker.clock import skew_limit_s
 from ..worker.setting_names import name_problems, spelled
 from ..worker.settings import ALLOW_PROCESS_LOCAL, process_local
 from ..worker.stores import app_store, store_url
@@ -25,7 +26,8 @@ from ..worker.stores import app_store, store_url
 if TYPE_CHECKING:
     from ..stores.redis import RedisStore
 
-#: Clock skew between this host and the store, in seconds, that is worth a warning / a failure.
+#: Clock skew between this host and the store, in seconds, that is worth a warning / a failure
+#: (a failure from a quarter of the shortest lease on, if that is less: worker/clock.py).
 SKEW_WARN_S, SKEW_FAIL_S = 0.5, 5.0
 
 
@@ -272,18 +274,51 @@ def check_redis_aof(store: OperatorStore) -> Check | None:
     return Check("pass", "redis persistence", "AOF on")
 
 
-def check_clock(store: OperatorStore, local: Callable[[], float] = time.time) -> Check:
+def check_clock(store: OperatorStore, local: Callable[[], float] = time.time,
+                tasks: list[Any] | None = None) -> Check:
     before = local()
     server = _server_now(store)
     after = local()
     skew = server - (before + after) / 2
     detail = f"store clock {skew:+.3f} s from this host's" if round(skew, 3) else "store clock within 1 ms of this host's"
-    if abs(skew) >= SKEW_FAIL_S:
-        return Check("fail", "clock skew", f"{detail}: leases and retention are judged by the store's clock; "
-                     "run NTP on every host")
+    limit = min(SKEW_FAIL_S, skew_limit_s(tasks or []))
+    if abs(skew) >= limit:
+        return Check("fail", "clock skew", f"{detail} (a failure from {limit:.3f} s): leases and retention are "
+                     "judged by the store's clock, Celery's eta/expires by this host's; run NTP on every host")
     if abs(skew) >= SKEW_WARN_S:
         return Check("warn", "clock skew", f"{detail}; run NTP on every host")
     return Check("pass", "clock skew", detail)
+
+
+def check_worker_clocks(app: Any, tasks: list[Any], timeout_s: float = 1.0) -> Check:
+    """Each worker's clock against the store's, as the worker measures it (``aaa_clock``)."""
+    try:
+        replies = app.control.broadcast("aaa_clock", reply=True, timeout=timeout_s) or []
+    except Exception as e:  # noqa: BLE001 - the broker may be down; the check says so
+        return Check("warn", "worker clocks", f"cannot ask the workers: {e}")
+    seen: dict[str, float] = {}
+    errors: list[str] = []
+    limit = skew_limit_s(tasks)
+    for reply in replies:
+        for name, answer in reply.items():
+            if isinstance(answer, dict) and isinstance(answer.get("ok"), dict):
+                seen[name] = -float(answer["ok"]["offset_s"])  # the worker's clock minus the store's
+            else:
+                errors.append(f"{name}: {answer.get('error') if isinstance(answer, dict) else answer}")
+    if not seen and not errors:
+        return Check("warn", "worker clocks", "no worker answered aaa_clock (a worker of an older release, "
+                     "or none running)")
+    off = {n: v for n, v in sorted(seen.items()) if abs(v) > limit}
+    if off:
+        named = ", ".join(f"{n} {v:+.3f} s" for n, v in off.items())
+        return Check("fail", "worker clocks", f"{named} off the store's clock (more than {limit:.3f} s, a quarter "
+                     "of the shortest lease): run NTP on those hosts")
+    if errors:
+        return Check("warn", "worker clocks", f"{len(seen)} within {limit:.3f} s of the store's; "
+                     f"could not measure: {'; '.join(errors)}")
+    worst = max(seen.values(), key=abs)
+    return Check("pass", "worker clocks", f"{len(seen)} workers within {limit:.3f} s of the store's clock "
+                 f"(the farthest {worst:+.3f} s)")
 
 
 def check_node_names(app: Any, timeout_s: float = 1.0) -> Check:
@@ -355,7 +390,8 @@ def diagnose(app: Any, *, ping_timeout_s: float = 1.0, flask_app: str | None = N
             found.append(Check("pass", "postgres pooler mode", "the store's sessions stay pinned (no "
                                "transaction-pooling proxy): its leases, session advisory locks, hold"))
         found.append(_checked("redis persistence", check_redis_aof, store))
-        found.append(_checked("clock skew", check_clock, store))
+        found.append(_checked("clock skew", check_clock, store, time.time, tasks))
+        found.append(_checked("worker clocks", check_worker_clocks, app, tasks, ping_timeout_s))
     found.append(_checked("worker node names", check_node_names, app, ping_timeout_s))
     found.append(_checked("web authorize", check_web_authorize, flask_app))
     return [c for c in found if c is not None]

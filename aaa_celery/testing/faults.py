@@ -5,7 +5,9 @@ Each takes a PID or anything with a ``pid`` (a :class:`~aaa_celery.testing.Worke
 * :func:`kill9`: a crash (``SIGKILL``), :func:`kill_child`: one prefork pool child;
 * :func:`freeze`: ``SIGSTOP`` … ``SIGCONT`` (a GC pause, a VM freeze), as a :class:`Frozen`;
 * :func:`duplicate_delivery`: the same task id sent again;
-* :func:`pid_alive` and :func:`pool_children` read ``/proc``.
+* :func:`pid_alive` and :func:`pool_children` read ``/proc``;
+* :func:`skewed_clock`: the environment that starts a process with its wall clock off by
+  some seconds (libfaketime), as on a machine whose NTP sync failed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,25 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
+
+
+#: Where Debian's ``libfaketime`` package puts its preload library (the multi-threaded one).
+FAKETIME_LIBRARY = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+
+
+def skewed_clock(offset_s: float, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: none) plus what makes a process started with it read a wall clock
+    ``offset_s`` seconds off (``time.time()``, ``datetime.now()``), through libfaketime. Its
+    monotonic clock stays the machine's, as on a machine whose NTP sync failed (a wall
+    clock off by minutes ticks at the right rate); the launcher of
+    :class:`~aaa_celery.testing.WorkerProcess` then sleeps on timed waits (libfaketime 0.9.10
+    refuses CPython's monotonic ``clock_nanosleep``). Raises ``FileNotFoundError`` when
+    libfaketime is not installed (Debian: ``apt-get install faketime``)."""
+    if not os.path.exists(FAKETIME_LIBRARY):
+        raise FileNotFoundError(f"{FAKETIME_LIBRARY}: libfaketime is not installed (apt-get install faketime)")
+    preload = " ".join(p for p in ((env or {}).get("LD_PRELOAD", ""), FAKETIME_LIBRARY) if p)
+    return {**(env or {}), "LD_PRELOAD": preload, "FAKETIME": f"{offset_s:+.3f}s",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
 
 
 class HasPid(Protocol):

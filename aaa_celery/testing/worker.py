@@ -6,14 +6,30 @@ process and then runs Celery's own CLI with the same ``argv``, so the process is
 real ``celery worker`` that also writes ``$AAA_READY_FILE`` once it consumes.
 :class:`~aaa_celery.testing.WorkerProcess` starts its workers this way. Nothing
 imports this module; it only runs as ``__main__``.
+
+Under libfaketime with a real monotonic clock (:func:`~aaa_celery.testing.faults.skewed_clock`),
+``time.sleep`` fails with ``EINVAL`` (libfaketime 0.9.10 refuses the absolute monotonic
+``clock_nanosleep`` that CPython sleeps with); the launcher then sleeps on a timed wait
+instead, which libfaketime leaves alone.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
+import time
+
+
+def _sleep(seconds: float) -> None:
+    if seconds < 0:
+        raise ValueError("sleep length must be non-negative")
+    threading.Event().wait(seconds)
 
 
 def main() -> None:
+    if os.environ.get("FAKETIME") and os.environ.get("FAKETIME_DONT_FAKE_MONOTONIC") == "1":
+        time.sleep = _sleep  # type: ignore[assignment]  # floats only, as every caller passes
     # As ``python -m celery`` does: patch for eventlet/gevent before anything else loads.
     if "multi" not in sys.argv:
         from celery import maybe_patch_concurrency

@@ -8,10 +8,12 @@ from typing import Any
 
 from celery import bootsteps
 
+from ..errors import StoreError
+from .clock import register_control_command, report_worker_clock
 from .events import TASK_EVENTS_SETTING
 from .recovery import RecoverySettings, Sweeper
 from .settings import check_settings, check_worker_processes
-from .stores import check_store_version
+from .stores import app_store, check_store_version
 
 
 class RecoveryStep(bootsteps.StartStopStep):
@@ -36,6 +38,12 @@ class RecoveryStep(bootsteps.StartStopStep):
         worker.app.conf[TASK_EVENTS_SETTING] = bool(getattr(worker, "task_events", False))
         self.sweeper: Sweeper | None = None
         self.name_ = f"{getattr(worker, 'hostname', socket.gethostname())}/{os.getpid()}/recovery"
+        # A clock far off the store's is named in the log (leases never read it, Celery's eta does).
+        register_control_command()
+        try:
+            report_worker_clock(worker.app, app_store(worker.app), getattr(worker, "hostname", socket.gethostname()))
+        except StoreError:
+            pass  # an unreachable store was logged by the version check above
 
     def start(self, worker: Any) -> None:
         if self.interval_s <= 0 or self.sweeper is not None:

@@ -300,7 +300,7 @@ def test_a_memory_store_fails_as_a_store_no_fleet_shares(healthy):
 def test_a_check_that_raises_is_a_failed_line_and_the_others_still_run(healthy, monkeypatch):
     from aaa_celery.cli import doctor as checks
 
-    def broken(store):
+    def broken(store, *more):
         raise RuntimeError("INFO refused")
 
     monkeypatch.setattr(checks, "check_clock", broken)

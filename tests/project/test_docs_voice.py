@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: Words of a diary, not of reference: a work period, its authors, its machine, its past.
 DIARY = re.compile(
-    r"\bused to\b|\bsessions? \d|\bother engineers\b|\bthis VM\b|\bthe spec's\b|\bfast hours?\b"
+    r"\bused to\b|\bsessions? \d|\bother engineers\b|\bthis VM\b|\bthe spec's example\b|\bfast hours?\b"
     r"|\bback to back with the previous commit\b",
     re.IGNORECASE,
 )

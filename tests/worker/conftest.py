@@ -42,10 +42,13 @@ class Fleets:
         return make_app(self.env(**env))
 
     def __call__(self, size: int = 2, *, pool: str = "prefork", concurrency: int = 1,
-                 extra_args: tuple[str, ...] = (), **env: Any) -> Fleet:
+                 extra_args: tuple[str, ...] = (), worker_env: tuple[dict[str, str], ...] = (), **env: Any) -> Fleet:
+        """``worker_env``: more environment for the first workers, one dict each (a skewed clock)."""
         full = self.env(**env)
         f = Fleet(APP, size=size, pool=pool, concurrency=concurrency, env=full, cwd=ROOT, extra_args=extra_args,
                   workdir=self.workdir / f"fleet{len(self.started)}", prefix=f"w{len(self.started)}-")
+        for worker, more in zip(f.workers, worker_env):
+            worker.env.update(more)
         self.started.append(f)
         f.start()
         f.env = full  # type: ignore[attr-defined]

@@ -1,7 +1,9 @@
 """The SQLite store: a durable default for the processes of one machine.
 
 Leases are TTL leases, like Redis: a lease is live while its ``lease_expires_at``
-is ahead of the store's clock (``time.time()``, or an injected ``clock``).
+is ahead of the store's clock (:func:`machine_clock`, or an injected ``clock``).
+Every process of the machine reads the same clock: the kernel's, not the process's
+own wall clock, which libfaketime or a container's time namespace may shift.
 
 Several processes may share one database file. Each connection runs in WAL
 mode (readers never block the writer) with a ``busy_timeout``, and every write
@@ -57,12 +59,45 @@ def _configure(engine: sa.Engine, busy_timeout_s: float) -> None:
         conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ) else "BEGIN IMMEDIATE")
 
 
+#: How far (seconds) a process's wall clock may be from the kernel's boot time plus its
+#: uptime before :func:`machine_clock` judges time on the latter (whose resolution is 1 s).
+MACHINE_CLOCK_TOLERANCE_S = 1.0
+
+
+def _boot_time() -> float | None:
+    """The machine's boot time (Linux ``/proc/stat`` ``btime``, whole seconds), or None."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+_BOOT = _boot_time()
+
+
+def machine_clock() -> float:
+    """The one clock of the machine's processes (seconds since the epoch): ``time.time()``
+    while it is within :data:`MACHINE_CLOCK_TOLERANCE_S` of the kernel's boot time plus
+    ``CLOCK_BOOTTIME``, else that sum, which no process's own wall clock shifts. So two
+    processes of one machine judge a lease within a second of each other whatever their
+    own clocks say. Elsewhere than Linux: ``time.time()``."""
+    wall = time.time()
+    if _BOOT is None:
+        return wall
+    kernel = _BOOT + time.clock_gettime(time.CLOCK_BOOTTIME)
+    return wall if abs(wall - kernel) <= MACHINE_CLOCK_TOLERANCE_S else kernel
+
+
 class SQLiteStore(SQLRuns, SQLStore):
     """A store in an SQLite file (``sqlite:///path``), with TTL leases.
 
     Args:
         url: ``sqlite:///relative.db``, ``sqlite:////abs/path.db`` or ``sqlite://`` (memory).
-        clock: the store's clock in seconds; inject one in tests.
+        clock: the store's clock in seconds (default :func:`machine_clock`); inject one in tests.
         busy_timeout_s: seconds a writer waits for another process's write lock
             before the store reports :class:`~aaa_celery.errors.StoreUnavailable`.
         create_schema: create the tables of an empty database at open (the default);
@@ -77,7 +112,7 @@ class SQLiteStore(SQLRuns, SQLStore):
         self,
         url: str = "sqlite://",
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = machine_clock,
         busy_timeout_s: float = 30.0,
         create_schema: bool = True,
     ) -> None:
