@@ -56,12 +56,12 @@ class ToolTimeout(ToolError):
 WORKER_LOST = "worker_lost"
 STORE_UNREACHABLE = "store_unreachable"
 POISON_CALL = "poison_call"
-LOSS_CAUSES = (WORKER_LOST, STORE_UNREACHABLE, POISON_CALL)
 
 
 class _LossCause:
-    """``cause``: which loss ended the call (one of :data:`LOSS_CAUSES`), read from the
-    message, so it survives any result backend that keeps an error's text."""
+    """``cause``: which loss ended the call (:data:`WORKER_LOST`, :data:`STORE_UNREACHABLE` or
+    :data:`POISON_CALL`), read from the message, so it survives any result backend that keeps
+    an error's text."""
 
     @property
     def cause(self) -> str | None:

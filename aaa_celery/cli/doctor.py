@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import AAACeleryError, UnsafeDeployment
-from ..stores import Store
+from ..stores.base import OperatorStore
 from ..worker.clock import skew_limit_s
 from ..worker.setting_names import name_problems, spelled
 from ..worker.settings import ALLOW_PROCESS_LOCAL, process_local
@@ -230,7 +230,7 @@ def check_web_authorize(flask_app: str | None = None) -> Check | None:
     return Check("fail", name, f"{where} is unset: the routes refuse to load; set an authorize hook")
 
 
-def _server_now(store: Store) -> float:
+def _server_now(store: OperatorStore) -> float:
     """The store server's own clock: Redis TIME, PostgreSQL clock_timestamp(), else the store's."""
     engine = getattr(store, "engine", None)
     if getattr(store, "kind", "") == "postgresql" and engine is not None:
@@ -241,13 +241,13 @@ def _server_now(store: Store) -> float:
     return store.now()
 
 
-def check_store(app: Any, tasks: list[Any], store: Store | None, error: str | None) -> Check:
+def check_store(app: Any, tasks: list[Any], store: OperatorStore | None, error: str | None) -> Check:
     if store is None:
         return Check("fail", "store reachable", error or "no store")
     return Check("pass", "store reachable", f"{store.kind} store at {_safe(store_url(app))}")
 
 
-def check_store_schema(store: Store) -> Check:
+def check_store_schema(store: OperatorStore) -> Check:
     """The store's schema version against this release's (``celery aaa migrate`` upgrades it)."""
     try:
         version = store.schema_version()
@@ -261,7 +261,7 @@ def check_store_schema(store: Store) -> Check:
     return Check("pass", "store schema", version.describe())
 
 
-def check_redis_aof(store: Store) -> Check | None:
+def check_redis_aof(store: OperatorStore) -> Check | None:
     if getattr(store, "kind", "") != "redis":
         return None
     try:
@@ -274,7 +274,8 @@ def check_redis_aof(store: Store) -> Check | None:
     return Check("pass", "redis persistence", "AOF on")
 
 
-def check_clock(store: Store, local: Callable[[], float] = time.time, tasks: list[Any] | None = None) -> Check:
+def check_clock(store: OperatorStore, local: Callable[[], float] = time.time,
+                tasks: list[Any] | None = None) -> Check:
     before = local()
     server = _server_now(store)
     after = local()
@@ -353,7 +354,7 @@ def _checked(name: str, check: Callable[..., Check | None], *args: Any) -> Check
         return Check("fail", name, f"the check could not run: {type(e).__name__}: {e}")
 
 
-def _open_store(app: Any) -> tuple[Store | None, list[Check]]:
+def _open_store(app: Any) -> tuple[OperatorStore | None, list[Check]]:
     """The app's store, and the failed lines when it cannot be opened or reached."""
     try:
         store = app_store(app)

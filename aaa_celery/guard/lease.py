@@ -8,14 +8,14 @@ from typing import Any
 
 from ..errors import LeaseLost
 from ..lifecycle import Lease, checkpoint_json
-from ..stores.base import Store
+from ..stores.base import GuardStore
 from .watchdog import Watchdog
 
 
 class AttemptLease:
     """The lease of one running attempt, as its ``ToolContext`` sees it."""
 
-    def __init__(self, store: Store, lease: Lease, watchdog: Watchdog) -> None:
+    def __init__(self, store: GuardStore, lease: Lease, watchdog: Watchdog) -> None:
         self.store, self.lease, self.watchdog = store, lease, watchdog
 
     def lease_remaining_s(self) -> float:

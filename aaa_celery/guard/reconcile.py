@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..lifecycle import RECONCILED, CallSpec, Draft, Outcome, event_id
+from ..stores.base import GuardStore
 
 log = logging.getLogger("aaa_celery.guard")
 
@@ -63,7 +64,7 @@ def reconciled_event(call: CallSpec, attempt: int, data: dict[str, Any]) -> Draf
                  {"call_id": call.call_id, "name": call.name, **data})
 
 
-def reconcile_lost(store: Any, call: CallSpec, unknown: Outcome, reconcile: Reconcile,
+def reconcile_lost(store: GuardStore, call: CallSpec, unknown: Outcome, reconcile: Reconcile,
                    encode: Callable[[Any], Any]) -> Outcome:
     """Run ``reconcile`` for a call just refused as ``unknown`` (OutcomeUnknown); settle the
     call as its answer says, and return the call's result as the caller sees it."""

@@ -49,7 +49,7 @@ from ..lifecycle import (
     Refused,
     lapsed,
 )
-from ..stores.base import ResultCopy, Store, new_token
+from ..stores.base import GuardStore, ResultCopy, new_token
 from ..stores.blame import data_error, describe
 from .lease import AttemptLease
 from .reconcile import RECONCILE_TIMEOUT_S, Reconcile, reconcile_lost
@@ -154,7 +154,7 @@ class GuardRunner:
         raise_for: the exception a recorded failure raises for a caller.
     """
 
-    store: Store
+    store: GuardStore
     config: GuardConfig
     timeout_s: float | None = None
     result_retry: RetryPolicy = RetryPolicy()

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..config import GuardConfig, LostLease
 from ..lifecycle import Lease, lapsed, lease_left
-from ..stores.base import Store
+from ..stores.base import GuardStore
 
 log = logging.getLogger("aaa_celery.guard")
 
@@ -241,7 +241,7 @@ class Watchdog:
 
     def __init__(
         self,
-        store: Store | None,
+        store: GuardStore | None,
         lease: Lease | None,
         config: GuardConfig,
         timeout_s: float | None,

@@ -37,6 +37,7 @@ import json
 import math
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,10 +48,10 @@ from ..lifecycle import APPROVAL_GRANTED as APPROVAL_GRANTED
 from ..lifecycle import APPROVAL_REQUESTED as APPROVAL_REQUESTED
 from ..llm.types import ToolCall
 from ..tools.tool import Tool
-from .runstate import off_loop
+from .runstate import RunWriter, off_loop
 
 if TYPE_CHECKING:
-    from .run import RunHandle
+    from ..stores.runs import RunJournal
 
 #: What the model reads for a denied call (plus the person's reason, if given).
 DENIED_MESSAGE = "denied by a person"
@@ -194,10 +195,25 @@ def stored_approval(data: dict[str, Any]) -> PendingApproval:
 
 
 class RunApprovals:
-    """The requests for approval of one run driven in this process, by call id."""
+    """The requests for approval of one run driven in this process, by call id.
 
-    def __init__(self, run: RunHandle) -> None:
-        self.run = run
+    It knows its run by what it uses of it, not by the handle: the run's id, tenant and key,
+    its store of run records, how long a request stays open, and three callables of the run:
+    ``emit`` (an event of the run), ``touch`` (queue the run's record for the store) and
+    ``writer`` (the run's writer to the store, None while the run keeps no record).
+    """
+
+    def __init__(self, *, run_id: str, tenant: str | None, key: str, store: RunJournal, ttl_s: float,
+                 emit: Callable[[str, dict[str, Any]], None], touch: Callable[[], None],
+                 writer: Callable[[], RunWriter | None]) -> None:
+        self.run_id = run_id
+        self.tenant = tenant
+        self.key = key
+        self.store = store
+        self.ttl_s = ttl_s
+        self._emit = emit
+        self._touch = touch
+        self._writer = writer
         self.requests: dict[str, PendingApproval] = {}
         self.decided: dict[str, tuple[str, str]] = {}  # call id -> (state, reason) of a decided request
         self.shown: set[str] = set()  # call ids whose open request is in the store (decidable anywhere)
@@ -224,7 +240,7 @@ class RunApprovals:
         """The undecided request of ``call_id``, else ``KeyError``."""
         pending = self.requests.get(call_id) if isinstance(call_id, str) else None
         if pending is None or pending.decided or pending._future is None:
-            raise KeyError(f"no pending approval for call_id {call_id!r} in run {self.run.run_id}")
+            raise KeyError(f"no pending approval for call_id {call_id!r} in run {self.run_id}")
         return pending
 
     def decide(self, pending: PendingApproval, granted: bool, reason: str) -> None:
@@ -236,9 +252,9 @@ class RunApprovals:
     def _decision(self, pending: PendingApproval, granted: bool, reason: str) -> None:
         """Record a decision in the run (its event, and the request's state in the record)."""
         self.decided[pending.call_id] = ("granted" if granted else "denied", reason)
-        self.run.emit(APPROVAL_GRANTED if granted else APPROVAL_DENIED,
-                      {"call_id": pending.call_id, "name": pending.tool, **({"reason": reason} if reason else {})})
-        self.run._touch()
+        self._emit(APPROVAL_GRANTED if granted else APPROVAL_DENIED,
+                   {"call_id": pending.call_id, "name": pending.tool, **({"reason": reason} if reason else {})})
+        self._touch()
 
     def _resumed_request(self, call_id: str, arguments: dict[str, Any]) -> PendingApproval | None:
         """The request for approval of ``call_id`` that a resumed run's record holds, if it was
@@ -255,7 +271,7 @@ class RunApprovals:
         return pending
 
     def _expired_message(self) -> str:
-        return (f"nobody approved the call within {self.run.ctx.approval_ttl_s:g} s; it was not sent. "
+        return (f"nobody approved the call within {self.ttl_s:g} s; it was not sent. "
                 f"Ask for it again if it is still needed: a person must approve it again")
 
     async def ask(self, call_id: str, call: ToolCall, t: Tool[..., Any],
@@ -270,7 +286,6 @@ class RunApprovals:
         or while nobody drove the run) holds, and an open one is still decidable with the
         digest shown.
         """
-        run = self.run
         future: asyncio.Future[tuple[bool, str]] = asyncio.get_running_loop().create_future()
         pending = self._resumed_request(call_id, arguments)
         if pending is not None and call_id in self.decided:
@@ -284,19 +299,20 @@ class RunApprovals:
             return pending, None if state == "granted" else reason
         if pending is None:
             pending = PendingApproval.request(
-                run_id=run.run_id, tenant=run.tenant, call_id=call_id, tool=t.name,
-                arguments=copy.deepcopy(arguments), ttl_s=run.ctx.approval_ttl_s, tool_call_id=call.id,
+                run_id=self.run_id, tenant=self.tenant, call_id=call_id, tool=t.name,
+                arguments=copy.deepcopy(arguments), ttl_s=self.ttl_s, tool_call_id=call.id,
             )
         pending._future = future
         self.requests[call_id] = pending  # a new request replaces (and voids) an older one for this call id
-        run.emit(
+        self._emit(
             APPROVAL_REQUESTED,
             {"call_id": call_id, "tool_call_id": call.id, "name": t.name, "arguments": pending.arguments,
-             "tenant": run.tenant, "digest": pending.digest, "expires_at": pending.expires_at},
+             "tenant": self.tenant, "digest": pending.digest, "expires_at": pending.expires_at},
         )
-        run._touch()
-        if run._writer is not None:
-            await run._writer.drain()  # decidable from any process once this returns
+        self._touch()
+        writer = self._writer()
+        if writer is not None:
+            await writer.drain()  # decidable from any process once this returns
         self.shown.add(call_id)
         granted, reason = await self._wait_decision(pending, future)
         if granted is None:
@@ -306,8 +322,7 @@ class RunApprovals:
     async def _wait_decision(self, pending: PendingApproval,
                              future: asyncio.Future[tuple[bool, str]]) -> tuple[bool | None, str]:
         """Wait for a decision: from this process (the future), or from any other (the store)."""
-        run = self.run
-        store, writer = run.ctx.store, run._writer
+        store, writer = self.store, self._writer()
         poll = 0.1
         while True:
             remaining = pending.expires_at - time.time()
@@ -319,16 +334,16 @@ class RunApprovals:
             if future.done():
                 return future.result()
             if writer is not None:
-                found = await off_loop(writer.inline, store.approval_decision, run.key, pending.call_id,
+                found = await off_loop(writer.inline, store.approval_decision, self.key, pending.call_id,
                                        pending.digest)
                 if found is None and pending.expires_at <= time.time():
                     # the expiry is a decision too: a person's click that comes after it loses
                     expired = {"granted": False, "expired": True, "reason": ""}
-                    if await off_loop(writer.inline, store.decide_approval, run.key, pending.call_id,
+                    if await off_loop(writer.inline, store.decide_approval, self.key, pending.call_id,
                                       pending.digest, expired):
                         found = expired
                     else:
-                        found = await off_loop(writer.inline, store.approval_decision, run.key,
+                        found = await off_loop(writer.inline, store.approval_decision, self.key,
                                                pending.call_id, pending.digest)
                 if found is not None and not future.done():
                     if found.get("expired"):
@@ -347,7 +362,7 @@ class RunApprovals:
         pending.expired = True
         future.cancel()
         self.decided[pending.call_id] = ("expired", "")
-        self.run.emit(APPROVAL_EXPIRED, {"call_id": pending.call_id, "name": pending.tool,
-                                         "expires_at": pending.expires_at})
-        self.run._touch()
+        self._emit(APPROVAL_EXPIRED, {"call_id": pending.call_id, "name": pending.tool,
+                                      "expires_at": pending.expires_at})
+        self._touch()
         return None, ""

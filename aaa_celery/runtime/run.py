@@ -47,7 +47,7 @@ from .runstate import (
 )
 
 if TYPE_CHECKING:
-    from ..stores import Store
+    from ..stores.base import RunStore
     from .executor import ToolExecutor
 
 #: Statuses of a run that ended.
@@ -104,7 +104,7 @@ class RunContext:
         max_calls_per_turn: the most tool calls of one model turn that are run.
     """
 
-    store: Store
+    store: RunStore
     tools: ToolExecutor
     llm: Any
     holder: str
@@ -146,7 +146,9 @@ class RunHandle:
         self._events: list[dict[str, Any]] = []
         self._seq0 = 0  # events already stored before this process drove the run (a resume)
         #: The run's requests for approval (of a run this process drives).
-        self.approvals = RunApprovals(self)
+        self.approvals = RunApprovals(run_id=run_id, tenant=tenant, key=self.key, store=ctx.store,
+                                      ttl_s=ctx.approval_ttl_s, emit=self.emit, touch=self._touch,
+                                      writer=lambda: self._writer)
         self._turns = 0
         self._llm_turns = 0
         self._replaying = False

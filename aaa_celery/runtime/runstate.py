@@ -22,7 +22,7 @@ from ..llm.types import LLMResponse, ToolCall, Usage
 from ..stores.runs import RunRecord, RunRecords, run_key
 
 if TYPE_CHECKING:
-    from ..stores.base import Store
+    from ..stores.base import RunStore
 
 log = logging.getLogger("aaa_celery.runtime")
 T = TypeVar("T")
@@ -35,7 +35,7 @@ DEFAULT_RUN_RETENTION_S = 7 * 24 * 3600.0
 DEFAULT_KEEP_FINISHED = 64
 
 
-def keeps_runs(store: Store) -> bool:
+def keeps_runs(store: RunRecords) -> bool:
     """Whether ``store`` keeps run records (every built-in backend does)."""
     return type(store).put_run is not RunRecords.put_run
 
@@ -98,7 +98,7 @@ class RunWriter:
     store the writes of one pass of the event loop are made once, at its end.
     """
 
-    def __init__(self, store: Store, key: str) -> None:
+    def __init__(self, store: RunStore, key: str) -> None:
         self.store, self.key = store, key
         self.inline = store.kind == "memory"
         self._events: list[dict[str, Any]] = []

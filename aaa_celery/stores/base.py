@@ -7,7 +7,14 @@ and the engine ask of a backend.
 - :class:`Operations` (4) and :class:`Budgets` (1): operators' verbs and policy counters.
 - :class:`~.runs.RunRecords` (8) and :class:`~.runs.RunJournal` (6): agent runs.
 
-:class:`Store` is all of them, with a clock. The decisions live in
+Each consumer is typed by what it uses of them, never by the whole :class:`Store`:
+
+- :class:`GuardStore`: the guard (``GuardRunner``, its watchdog and lease, reconciliation);
+- :class:`RecoveryStore`: the recovery sweep;
+- :class:`OperatorStore`: operators (``celery aaa`` commands, ``doctor``, :func:`check_version`);
+- :class:`RunStore`: the engine's runs.
+
+:class:`Store` is all of them, with a clock (:class:`Clock`). The decisions live in
 :mod:`aaa_celery.lifecycle`; a store reads a call's state and applies them atomically.
 Each interface has its own conformance suite (``tests/stores/test_interfaces.py``).
 """
@@ -122,7 +129,7 @@ class StoreVersion:
         return current if current == self.latest else f"{current}, this release needs {self.latest}"
 
 
-def check_version(store: Store, auto_migrate: bool, command: str = "celery -A proj aaa migrate") -> StoreVersion:
+def check_version(store: OperatorStore, auto_migrate: bool, command: str = "celery -A proj aaa migrate") -> StoreVersion:
     """Refuse a store whose schema is not this release's, naming the way out: ``command``
     for an older one (or, with ``auto_migrate``, upgrade it now, under the store's schema
     lock), a newer release for a newer one."""
@@ -143,7 +150,18 @@ def check_version(store: Store, auto_migrate: bool, command: str = "celery -A pr
         current=version.current, latest=version.latest)
 
 
-class CallStore(abc.ABC):
+class Clock(abc.ABC):
+    """A store's name and clock."""
+
+    #: A human name for messages ("redis", "postgresql", ...).
+    kind: str = "store"
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The store's clock, in seconds."""
+
+
+class CallStore(Clock):
     """A call's lease, attempts, result and audit trail: the guard's own verbs (the hot
     path is ``begin`` then ``finish``). Every write is planned by :mod:`aaa_celery.lifecycle`.
 
@@ -152,8 +170,6 @@ class CallStore(abc.ABC):
     comparable with the same store's ``now()``.
     """
 
-    #: A human name for messages ("redis", "postgresql", ...).
-    kind: str = "store"
     #: Whether a lease lapses after its TTL (False: bound to a live session).
     ttl_leases: bool = True
 
@@ -340,7 +356,30 @@ class SchemaVersions:
         return self.schema_version()
 
 
-class Store(CallStore, Checkpoints, RecoveryIndex, Operations, Budgets, RunRecords, RunJournal, SchemaVersions):
+# -- The interfaces by consumer: what each one uses, and no verb of their own ----------------
+
+
+class GuardStore(CallStore, Checkpoints, Operations):
+    """What the guard uses: a call's lease, attempts, result and audit trail, its checkpoints,
+    the reconciliation's ``settle`` (:mod:`aaa_celery.guard`), and the store's clock."""
+
+
+class RecoveryStore(RecoveryIndex, CallStore):
+    """What the recovery sweep uses: the calls to bring back and the right to bring each back,
+    and a call's registration and audit trail (:mod:`aaa_celery.worker.recovery`)."""
+
+
+class OperatorStore(Clock, Operations, SchemaVersions):
+    """What operators use: the ``celery aaa`` commands, ``doctor`` and the schema check at
+    start (:func:`check_version`)."""
+
+
+class RunStore(RunRecords, RunJournal, CallStore):
+    """What the engine's runs use: their records and journal, and their calls' results and
+    audit trails (:mod:`aaa_celery.runtime`)."""
+
+
+class Store(GuardStore, RecoveryStore, OperatorStore, RunStore, Budgets):
     """A backend: every interface above, the records of agent runs (:mod:`.runs`), its
     clock and its connections. Each interface has its own conformance suite in
     ``tests/stores`` (``tests/stores/test_interfaces.py`` names them)."""

@@ -62,10 +62,6 @@ class BaseEffectLedger:
     def _setnx(self, key: str, value: str) -> bool:
         raise NotImplementedError
 
-    def effect_table(self) -> dict[str, dict[str, Any]]:
-        """The effect table: idempotency key -> the one applied effect."""
-        raise NotImplementedError
-
     def clear(self) -> None:
         raise NotImplementedError
 
@@ -143,10 +139,6 @@ class EffectLedger(BaseEffectLedger):
         dumps = [json.dumps(e, separators=(",", ":")) for e in (if_applied, if_not)]
         return bool(self._client().eval(_APPLY_LUA, 2, *keys, key, row, *dumps))
 
-    def effect_table(self) -> dict[str, dict[str, Any]]:
-        raw = self._client().hgetall(f"{self.prefix}:effects")
-        return {k: json.loads(v) for k, v in raw.items()}
-
     def clear(self) -> None:
         self._client().delete(f"{self.prefix}:entries", f"{self.prefix}:effects")
 
@@ -177,9 +169,6 @@ class MemoryEffectLedger(BaseEffectLedger):
             return False
         self._effects.setdefault(key, json.loads(value))
         return True
-
-    def effect_table(self) -> dict[str, dict[str, Any]]:
-        return dict(self._effects)
 
     def clear(self) -> None:
         self._entries.clear()

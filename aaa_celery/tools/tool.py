@@ -126,7 +126,6 @@ class Tool(Generic[P, R]):
             self.name, typing.get_type_hints(fn, include_extras=True),
             [p.name for p in _params(fn, self.context_param)],
         )
-        self.is_async = inspect.iscoroutinefunction(fn)
         self._positional = [p.name for p in inspect.signature(fn).parameters.values()
                             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
 

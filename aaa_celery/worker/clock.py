@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..config import GuardConfig
-from ..stores.base import Store
+from ..stores.base import Clock
 
 log = logging.getLogger("aaa_celery.clock")
 
@@ -28,7 +28,7 @@ SKEW_LEASE_FRACTION = 0.25
 SKEW_REPORT_S = 5.0
 
 
-def clock_offset(store: Store, local: Callable[[], float] = time.time) -> tuple[float, float]:
+def clock_offset(store: Clock, local: Callable[[], float] = time.time) -> tuple[float, float]:
     """The store's clock minus this process's wall clock (seconds), measured at the middle
     of one read of the store's clock, and the read's round trip (the error bound is half)."""
     sent_wall, sent = local(), time.monotonic()
@@ -52,14 +52,14 @@ def _guarded(app: Any) -> list[Any]:
     return [t for t in app.tasks.values() if getattr(getattr(t, "guard_config", None), "enabled", False)]
 
 
-def worker_clock(app: Any, store: Store) -> dict[str, float]:
+def worker_clock(app: Any, store: Clock) -> dict[str, float]:
     """This worker's clock against the store's: ``offset_s`` (store minus worker), ``trip_s``
     (the read's round trip) and ``limit_s`` (the offset from which it is reported)."""
     offset, trip = clock_offset(store)
     return {"offset_s": round(offset, 3), "trip_s": round(trip, 3), "limit_s": skew_limit_s(_guarded(app))}
 
 
-def report_worker_clock(app: Any, store: Store, name: str) -> dict[str, float]:
+def report_worker_clock(app: Any, store: Clock, name: str) -> dict[str, float]:
     """Measure this worker's clock against the store's, and log a warning naming the offset
     when it is past the limit (at worker start)."""
     seen = worker_clock(app, store)

@@ -45,7 +45,7 @@ from celery import Celery
 
 from ..errors import ConfigError, StoreError
 from ..lifecycle import STARTED, CallSpec, Outcome
-from ..stores.base import Store
+from ..stores.base import RecoveryStore
 from .broker import ABSENT, QUEUED, TAKEN, RedisBrokerProbe
 from .calls import aaa_headers, with_message
 from .codec import CODEC
@@ -148,7 +148,7 @@ class Recovery:
         probe: looks for messages in a Redis broker; None for other brokers.
     """
 
-    def __init__(self, app: Celery, store: Store, worker: str, producer: Any = None,
+    def __init__(self, app: Celery, store: RecoveryStore, worker: str, producer: Any = None,
                  probe: RedisBrokerProbe | None = None) -> None:
         self.app, self.store, self.worker = app, store, worker
         self.producer, self.probe = producer, probe
@@ -158,8 +158,7 @@ class Recovery:
         self._looked = -math.inf
         #: calls this sweeper registered from a worker's unacked message (bounded)
         self._adopted: dict[str, None] = {}
-        #: How many republishes and abandons this sweeper made (for tests and operators).
-        self.republished = 0
+        #: How many calls this sweeper ended as abandoned (for tests and operators).
         self.abandoned = 0
 
     def sweep(self) -> list[str]:
@@ -264,7 +263,6 @@ class Recovery:
                 options["queue"] = request["queue"]
             self.app.send_task(request["task"], args=CODEC.decode(request.get("args")) or [],
                                kwargs=CODEC.decode(request.get("kwargs")) or {}, producer=self.producer, **options)
-        self.republished += 1
         log.debug("aaa recovery republished %s (try %d: %s)", call.call_id, tries, why)
         return [call.call_id]
 

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 
 from ..errors import StoreError
 from ..lifecycle import CallSpec
-from ..stores import Store
+from ..stores.base import CallStore
 
 log = logging.getLogger("aaa_celery.worker")
 
@@ -36,10 +36,10 @@ class _Batch:
 
     def __init__(self, max_calls: int, max_delay_s: float) -> None:
         self.max_calls, self.max_delay_s = max_calls, max_delay_s
-        self.waiting: list[tuple[Store, CallSpec]] = []
+        self.waiting: list[tuple[CallStore, CallSpec]] = []
         self.since = 0.0
 
-    def add(self, store: Store, call: CallSpec) -> None:
+    def add(self, store: CallStore, call: CallSpec) -> None:
         if not self.waiting:
             self.since = time.monotonic()
         self.waiting.append((store, call))
@@ -48,7 +48,7 @@ class _Batch:
 
     def flush(self) -> None:
         waiting, self.waiting = self.waiting, []
-        by_store: dict[int, tuple[Store, list[CallSpec]]] = {}
+        by_store: dict[int, tuple[CallStore, list[CallSpec]]] = {}
         for store, call in waiting:
             by_store.setdefault(id(store), (store, []))[1].append(call)
         for store, calls in by_store.values():
@@ -80,7 +80,7 @@ def registered_together(max_calls: int = 100, max_delay_s: float = 0.1) -> Itera
         batch.flush()
 
 
-def register(store: Store, call: CallSpec) -> None:
+def register(store: CallStore, call: CallSpec) -> None:
     """Register a sent call now, or with this thread's open batch."""
     batch: _Batch | None = getattr(_local, "batch", None)
     if batch is not None:

@@ -33,7 +33,6 @@ from typing import Any
 
 from celery import states
 from celery.backends.base import Backend, BaseKeyValueStoreBackend
-from celery.backends.redis import RedisBackend  # redis-py is this package's dependency
 from kombu.utils.encoding import bytes_to_str
 
 from ..stores.base import ResultCopy
@@ -78,6 +77,10 @@ def _writes_as_redis(backend: Any) -> bool:
     cls = type(backend)
     fast = _REDIS.get(cls)
     if fast is None:
+        # imported on first use, once per backend class: importing Celery's Redis backend (and
+        # redis-py) doubles the time of `import aaa_celery.worker.task` for every other backend
+        from celery.backends.redis import RedisBackend
+
         fast = _REDIS[cls] = isinstance(backend, RedisBackend) and all(
             getattr(cls, name, None) is getattr(RedisBackend, name, False)
             for name in ("_set_with_state", "set", "_set", "_get_pool", "_create_client", "get_key_for_task"))

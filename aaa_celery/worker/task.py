@@ -22,7 +22,7 @@ from ..errors import ForeignCall, StoreUnavailable
 from ..guard import Dropped, GuardRunner, HandBack, run_unguarded
 from ..lifecycle import CallSpec
 from ..protocol import RUN_HEADER, TENANT_HEADER, check_call
-from ..stores import Store
+from ..stores.base import CallStore
 from . import calls, publish, registering
 from .codec import result_codec, stored_arguments
 from .control import REPLACED, control_for, raise_for_task
@@ -82,7 +82,7 @@ class GuardedTask(GuardOptions, _Task):
                            calls.aaa_headers(sent["message"]["headers"]))
         return result
 
-    def _register(self, store: Store, call_id: str, args: Any, kwargs: Any, message: dict[str, Any],
+    def _register(self, store: CallStore, call_id: str, args: Any, kwargs: Any, message: dict[str, Any],
                   headers: dict[str, Any]) -> None:
         """Register the call with ``message`` as sent: what recovery sends again (now, or with
         the thread's batch in :func:`~.registering.registered_together`). The message is out
