@@ -87,7 +87,7 @@ from ...errors import ConfigError, StoreUnavailable, UnsafeDeployment
 from ...lifecycle import (Accepted, BeginResult, CallSpec, CallState, Claimed, FinishResult, Lease, Outcome, Writes,
                           plan_finish, spec_rank, sweep_hint)
 from .._writes import apply
-from ..base import ResultCopy, new_token, wrap_errors
+from ..base import ResultCopy, ResultRow, new_token, wrap_errors
 from .runs import SQLRuns
 from . import versions
 from .store import SQLStore, _outcome, call_state, lapsed_event
@@ -677,6 +677,8 @@ class PostgresStore(SQLRuns, SQLStore):
         #: The names of the calls this process claimed (:meth:`_remember`).
         self._names: OrderedDict[str, str] = OrderedDict()
         self._names_lock = threading.Lock()
+        #: Whether each of Celery's result tables named by a copy is in the database.
+        self._result_tables: dict[tuple[str | None, str], bool] = {}
         super().__init__(sa.create_engine(_engine_url(url), connect_args=args, **options), clock or self._db_clock)
         ping_if_idle(self.engine, self.PING_IDLE_S)
         from .pg_driver import CONNECTION_ERRORS
@@ -906,12 +908,15 @@ class PostgresStore(SQLRuns, SQLStore):
         the lease, the transaction runs there (after any other thread's statement on it) and
         gives the lock back in the same step; else on a pooled connection."""
 
-        def decide(tx: Any, row: Any, spec: CallSpec, got: bool, lease_token: str, now: float) -> tuple[Any, bool]:
-            return self._decide_finish(tx, row, spec, lease, outcome, config, now), False
-
-        from .pg_driver import FINISH_PLANNED
+        from .pg_driver import FINISH_PLANNED, finish_planned_with_row
 
         name = self._recall(lease.call_id)
+        result_row = self._result_row(copy) if outcome.ok else None
+        sent: list[bool] = []  # the row went with the function's call, and nothing decided after it
+
+        def decide(tx: Any, row: Any, spec: CallSpec, got: bool, lease_token: str, now: float) -> tuple[Any, bool]:
+            sent.clear()  # the function wrote nothing: the worker writes Celery's result
+            return self._decide_finish(tx, row, spec, lease, outcome, config, now), False
 
         def fast(lease_token: str, now: float) -> tuple[Any, tuple[str, tuple[Any, ...]]] | None:
             # planned for this attempt being the call's last, without a result
@@ -923,16 +928,38 @@ class PostgresStore(SQLRuns, SQLStore):
             planned = self._planned(writes, lease.call_id, now, False)
             if planned is None:
                 return None
-            return planned.reply, (FINISH_PLANNED, (lease.call_id, lease.attempt, name, *planned.recorded,
-                                                    *planned.event))
+            params = (lease.call_id, lease.attempt, name, *planned.recorded, *planned.event)
+            if result_row is None:
+                return planned.reply, (FINISH_PLANNED, params)
+            statement, more = finish_planned_with_row(result_row)
+            sent.append(True)
+            return planned.reply, (statement, (*params, *more))
 
         with wrap_errors(self.kind, *self._errors):
             finished: FinishResult | None = self._sessions.transaction(
                 lock_key(lease.call_id), lease.token, CallSpec(lease.call_id), self.now, decide, take=False,
                 fast=fast)
         if finished is not None:
+            if sent and copy is not None:
+                copy.written = True
             return finished
         return super().finish(lease, outcome, config)
+
+    def _result_row(self, copy: ResultCopy | None) -> ResultRow | None:
+        """Celery's result row of ``copy``, if it goes to this store's database (the same host,
+        port, database and user) and its table is there (looked up once per table)."""
+        row = copy.row if copy is not None else None
+        url = self.engine.url
+        if row is None or row.database != (url.host, url.port or 5432, url.database, url.username):
+            return None
+        found = self._result_tables.get(row.table)
+        if found is None:
+            from .pg_driver import quoted_name
+
+            with wrap_errors(self.kind, *self._errors), self._read() as conn:
+                found = conn.execute(sa.text("SELECT to_regclass(:name) IS NOT NULL"), {"name": quoted_name(*row.table)}).scalar()
+            found = self._result_tables[row.table] = bool(found)
+        return row if found else None
 
     def _finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
         with self._transaction() as tx:
