@@ -392,11 +392,10 @@ def quoted_name(*parts: str | None) -> str:
     return ".".join('"' + part.replace('"', '""') + '"' for part in parts if part is not None)
 
 
-def finish_planned_with_row(row: ResultRow) -> tuple[str, tuple[Any, ...]]:
-    """:data:`FINISH_PLANNED` with Celery's result ``row`` written in the same statement, so in
-    the same transaction, only if the function made the planned writes: inserted, or updated
-    unless the row holds a SUCCESS already (as Celery's database backend writes a result).
-    The statement, whose parameters are FINISH_PLANNED's then ``row``'s, and those of ``row``."""
+def insert_result_row(row: ResultRow, source: str = "") -> tuple[str, tuple[Any, ...]]:
+    """The statement that writes Celery's result ``row`` as Celery's database backend writes a
+    result: inserted, or updated unless the row holds a SUCCESS already; ``source`` a ``FROM``
+    clause the values are selected from (by default none). The statement and its parameters."""
     names, values, params = [], [], []
     if row.id is not None:
         names.append(quoted_name(row.id[0]))
@@ -406,14 +405,18 @@ def finish_planned_with_row(row: ResultRow) -> tuple[str, tuple[Any, ...]]:
         names.append(quoted_name(name))
         values.append(f"%s::{kind}")
         params.append(value)
-    table = quoted_name(*row.table)
     updates = ", ".join(f"{n} = EXCLUDED.{n}" for n in names[1 if row.id is not None else 0:] if n != '"task_id"')
-    statement = (
-        "WITH f AS MATERIALIZED (" + FINISH_PLANNED + "),"
-        f" c AS (INSERT INTO {table} AS t ({', '.join(names)}) SELECT {', '.join(values)} FROM f WHERE f.ok"
-        f" ON CONFLICT (task_id) DO UPDATE SET {updates} WHERE t.status IS DISTINCT FROM 'SUCCESS')"
-        " SELECT ok, pid FROM f")
+    statement = (f"INSERT INTO {quoted_name(*row.table)} AS t ({', '.join(names)}) SELECT {', '.join(values)}"
+                 f"{source} ON CONFLICT (task_id) DO UPDATE SET {updates} WHERE t.status IS DISTINCT FROM 'SUCCESS'")
     return statement, tuple(params)
+
+
+def finish_planned_with_row(row: ResultRow) -> tuple[str, tuple[Any, ...]]:
+    """:data:`FINISH_PLANNED` with Celery's result ``row`` written in the same statement, so in
+    the same transaction, only if the function made the planned writes
+    (:func:`insert_result_row`). The statement, and ``row``'s parameters (after FINISH_PLANNED's)."""
+    insert, params = insert_result_row(row, " FROM f WHERE f.ok")
+    return f"WITH f AS MATERIALIZED ({FINISH_PLANNED}), c AS ({insert}) SELECT ok, pid FROM f", params
 
 
 #: The error of a database whose schema predates the functions (not migrated to ``0004``,

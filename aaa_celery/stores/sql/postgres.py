@@ -678,7 +678,7 @@ class PostgresStore(SQLRuns, SQLStore):
         self._names: OrderedDict[str, str] = OrderedDict()
         self._names_lock = threading.Lock()
         #: Whether each of Celery's result tables named by a copy is in the database.
-        self._result_tables: dict[tuple[str | None, str], bool] = {}
+        self._result_tables: dict[tuple[str | None, str], bool | float] = {}
         super().__init__(sa.create_engine(_engine_url(url), connect_args=args, **options), clock or self._db_clock)
         ping_if_idle(self.engine, self.PING_IDLE_S)
         from .pg_driver import CONNECTION_ERRORS
@@ -908,15 +908,22 @@ class PostgresStore(SQLRuns, SQLStore):
         the lease, the transaction runs there (after any other thread's statement on it) and
         gives the lock back in the same step; else on a pooled connection."""
 
-        from .pg_driver import FINISH_PLANNED, finish_planned_with_row
+        from .pg_driver import FINISH_PLANNED, finish_planned_with_row, insert_result_row
 
         name = self._recall(lease.call_id)
         result_row = self._result_row(copy) if outcome.ok else None
         sent: list[bool] = []  # the row went with the function's call, and nothing decided after it
 
         def decide(tx: Any, row: Any, spec: CallSpec, got: bool, lease_token: str, now: float) -> tuple[Any, bool]:
-            sent.clear()  # the function wrote nothing: the worker writes Celery's result
-            return self._decide_finish(tx, row, spec, lease, outcome, config, now), False
+            sent.clear()  # the function wrote nothing
+            state = call_state(row, _outcome(row.outcome), False, None)
+            writes = plan_finish(state, spec, lease, outcome, config)
+            finished = apply(writes, tx.writer(lease.call_id, now))
+            if result_row is not None and isinstance(finished, Accepted) and writes.record is not None:
+                statement, params = insert_result_row(result_row)
+                tx.queue(statement, *params)
+                sent.append(True)  # with the record's writes, before the COMMIT
+            return finished, False
 
         def fast(lease_token: str, now: float) -> tuple[Any, tuple[str, tuple[Any, ...]]] | None:
             # planned for this attempt being the call's last, without a result
@@ -952,14 +959,19 @@ class PostgresStore(SQLRuns, SQLStore):
         url = self.engine.url
         if row is None or row.database != (url.host, url.port or 5432, url.database, url.username):
             return None
+        # True, or when it was found missing: Celery creates its tables at its first write
         found = self._result_tables.get(row.table)
-        if found is None:
+        if found is None or (found is not True and time.monotonic() - found > self.RESULT_TABLE_RECHECK_S):
             from .pg_driver import quoted_name
 
             with wrap_errors(self.kind, *self._errors), self._read() as conn:
-                found = conn.execute(sa.text("SELECT to_regclass(:name) IS NOT NULL"), {"name": quoted_name(*row.table)}).scalar()
-            found = self._result_tables[row.table] = bool(found)
-        return row if found else None
+                there = conn.execute(sa.text("SELECT to_regclass(:name) IS NOT NULL"),
+                                     {"name": quoted_name(*row.table)}).scalar()
+            found = self._result_tables[row.table] = True if there else time.monotonic()
+        return row if found is True else None
+
+    #: How long a result table found missing is taken as missing before it is looked up again.
+    RESULT_TABLE_RECHECK_S = 30.0
 
     def _finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
         with self._transaction() as tx:
