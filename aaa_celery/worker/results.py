@@ -34,6 +34,7 @@ guard's record and Celery's result. Where the store does not write it, Celery wr
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import datetime
 from collections.abc import Callable
@@ -163,16 +164,12 @@ def _row_copy(backend: Any, req: Any, value: Any) -> ResultCopy | None:
         return None
 
 
+@functools.cache
 def _dialect() -> Any:
+    """SQLAlchemy's PostgreSQL dialect on psycopg: the column types' SQL and bind processors."""
     from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
 
-    global _PG_DIALECT
-    if _PG_DIALECT is None:
-        _PG_DIALECT = PGDialect_psycopg()
-    return _PG_DIALECT
-
-
-_PG_DIALECT: Any = None
+    return PGDialect_psycopg()  # type: ignore[no-untyped-call]
 
 
 def _copy(backend: Any, req: Any, value: Any) -> ResultCopy | None:
