@@ -153,3 +153,22 @@ def test_a_backend_not_on_postgresql_makes_no_row(tmp_path):
 
     make = results.result_copy(app.tasks["rows.t"], Context({"id": "x", "args": [1], "kwargs": {}}))
     assert make is not None and make(1) is None  # Celery writes it
+
+
+@pytest.mark.parametrize("fields", [
+    {"is_eager": True}, {"ignore_result": True}, {"callbacks": [{"task": "rows.t"}]}, {"chord": {"task": "rows.t"}},
+], ids=["eager", "ignore_result", "callbacks", "chord"])
+def test_a_delivery_celery_stores_its_own_way_makes_no_row(app, fields):
+    req = Context({"id": f"row-{uuid.uuid4().hex[:10]}", "args": [1], "kwargs": {}, **fields})
+    assert results.result_copy(app.tasks["rows.t"], req) is None
+
+
+def test_a_row_the_store_did_not_write_is_left_to_celery(app):
+    """``store_accepted`` leaves Celery's trace to write a row the store did not write."""
+    copy = copy_of(app, f"row-{uuid.uuid4().hex[:10]}", 1)
+    req = Context({"id": copy.key, "args": [1], "kwargs": {}})
+    results.store_accepted(app.tasks["rows.t"], req, copy)
+    assert not req.__dict__.get("ignore_result")
+    copy.written = True
+    results.store_accepted(app.tasks["rows.t"], req, copy)
+    assert req.ignore_result is True
