@@ -107,6 +107,13 @@ class ResultRow:
     columns: tuple[tuple[str, str, Any], ...]
     id: tuple[str, str] | None = None
 
+    @staticmethod
+    def database_of(url: Any) -> tuple[str | None, int | None, str | None, str | None]:
+        """The database a SQLAlchemy URL names, as ``database`` compares it: host (or the
+        socket directory of a ``host`` query parameter), port (5432 by default), name, user."""
+        host = url.host or url.query.get("host")
+        return (None if host is None else str(host), url.port or 5432, url.database, url.username)
+
 
 @dataclass(frozen=True)
 class StoreVersion:

@@ -156,9 +156,8 @@ def _row_copy(backend: Any, req: Any, value: Any) -> ResultCopy | None:
             if isinstance(got, datetime) and got.tzinfo is not None:
                 kind = "TIMESTAMP WITH TIME ZONE"  # as psycopg sends it: the session's zone converts it
             columns.append((column.name, kind, process(got) if process is not None and got is not None else got))
-        database = (url.host, url.port or 5432, url.database, url.username)
         return ResultCopy(req.id, "", None, None,
-                          row=ResultRow(database, (table.schema, table.name), tuple(columns), key))
+                          row=ResultRow(ResultRow.database_of(url), (table.schema, table.name), tuple(columns), key))
     except Exception as e:  # noqa: BLE001 - Celery's own write (and its error handling) follows
         log.debug("aaa: Celery's result of %s left to Celery: %r", req.id, e)
         return None

@@ -172,3 +172,15 @@ def test_a_row_the_store_did_not_write_is_left_to_celery(app):
     copy.written = True
     results.store_accepted(app.tasks["rows.t"], req, copy)
     assert req.ignore_result is True
+
+
+@pytest.mark.parametrize("a, b, same", [
+    ("postgresql://u@h:5432/d", "postgresql+psycopg://u:secret@h/d", True),  # the default port; any password
+    ("postgresql://u@h/d", "postgresql://u@h2/d", False),
+    ("postgresql://u@/d?host=/run/a", "postgresql://u@/d?host=/run/b", False),  # two socket directories
+    ("postgresql://u@h/d", "postgresql://v@h/d", False),
+])
+def test_the_same_database_is_the_same_host_port_name_and_user(a, b, same):
+    from aaa_celery.stores.base import ResultRow
+
+    assert (ResultRow.database_of(sa.engine.make_url(a)) == ResultRow.database_of(sa.engine.make_url(b))) is same

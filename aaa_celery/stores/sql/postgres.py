@@ -956,8 +956,7 @@ class PostgresStore(SQLRuns, SQLStore):
         """Celery's result row of ``copy``, if it goes to this store's database (the same host,
         port, database and user) and its table is there (looked up once per table)."""
         row = copy.row if copy is not None else None
-        url = self.engine.url
-        if row is None or row.database != (url.host, url.port or 5432, url.database, url.username):
+        if row is None or row.database != ResultRow.database_of(self.engine.url):
             return None
         # True, or when it was found missing: Celery creates its tables at its first write
         found = self._result_tables.get(row.table)
