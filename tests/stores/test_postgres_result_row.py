@@ -122,7 +122,8 @@ def test_a_finish_retried_after_it_landed_leaves_the_row_to_celery(store, app):
     {"database": ("127.0.0.1", None, "another", "postgres")},  # another database (port: the store's)
     {"database": ("127.0.0.1", None, "postgres", "someone_else")},  # as another user
     {"table": (None, "no_such_table")},
-], ids=["server", "database", "user", "table"])
+    {"columns": (("no_such_column", "TEXT", "x"),)},  # a table another Celery version created
+], ids=["server", "database", "user", "table", "column"])
 def test_a_row_for_another_database_or_a_missing_table_is_left_to_celery(store, app, elsewhere, postgres_url):
     lease = claimed(store)
     copy = copy_of(app, lease.call_id, 3)

@@ -677,8 +677,9 @@ class PostgresStore(SQLRuns, SQLStore):
         #: The names of the calls this process claimed (:meth:`_remember`).
         self._names: OrderedDict[str, str] = OrderedDict()
         self._names_lock = threading.Lock()
-        #: Whether each of Celery's result tables named by a copy is in the database.
-        self._result_tables: dict[tuple[str | None, str], bool | float] = {}
+        #: The columns of each of Celery's result tables named by a copy (none: no such table),
+        #: and when they were looked up (:meth:`_result_row`).
+        self._result_tables: dict[tuple[str | None, str], tuple[frozenset[str], float]] = {}
         super().__init__(sa.create_engine(_engine_url(url), connect_args=args, **options), clock or self._db_clock)
         ping_if_idle(self.engine, self.PING_IDLE_S)
         from .pg_driver import CONNECTION_ERRORS
@@ -954,20 +955,25 @@ class PostgresStore(SQLRuns, SQLStore):
 
     def _result_row(self, copy: ResultCopy | None) -> ResultRow | None:
         """Celery's result row of ``copy``, if it goes to this store's database (the same host,
-        port, database and user) and its table is there (looked up once per table)."""
+        port, database and user) and its table there has each of the row's columns (a table
+        another Celery version created may lack some: Celery then writes, and fails, alone).
+        A table's columns are looked up once; a missing table again after
+        :attr:`RESULT_TABLE_RECHECK_S` (Celery creates its tables at its first write)."""
         row = copy.row if copy is not None else None
         if row is None or row.database != ResultRow.database_of(self.engine.url):
             return None
-        # True, or when it was found missing: Celery creates its tables at its first write
-        found = self._result_tables.get(row.table)
-        if found is None or (found is not True and time.monotonic() - found > self.RESULT_TABLE_RECHECK_S):
+        known = self._result_tables.get(row.table)
+        if known is None or (not known[0] and time.monotonic() - known[1] > self.RESULT_TABLE_RECHECK_S):
             from .pg_driver import quoted_name
 
             with wrap_errors(self.kind, *self._errors), self._read() as conn:
-                there = conn.execute(sa.text("SELECT to_regclass(:name) IS NOT NULL"),
-                                     {"name": quoted_name(*row.table)}).scalar()
-            found = self._result_tables[row.table] = True if there else time.monotonic()
-        return row if found is True else None
+                names = conn.execute(sa.text(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(:name) AND attnum > 0"
+                    " AND NOT attisdropped"), {"name": quoted_name(*row.table)}).scalars()
+                known = self._result_tables[row.table] = (frozenset(names), time.monotonic())
+        columns = known[0]
+        wanted = [name for name, _, _ in row.columns] + ([row.id[0]] if row.id is not None else [])
+        return row if columns and columns.issuperset(wanted) else None
 
     #: How long a result table found missing is taken as missing before it is looked up again.
     RESULT_TABLE_RECHECK_S = 30.0
