@@ -7,6 +7,7 @@ by Celery, after ``finish``, as before.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,11 +39,14 @@ def row(db: sa.Engine, task_id: str) -> dict[str, Any]:
     return dict(got._mapping)
 
 
-def test_celerys_result_in_the_stores_database_is_written_in_finishs_own_transaction(fleet, postgres_url, db):
-    f = fleet(TTL=5, STORE=postgres_url, BACKEND=f"db+{postgres_url}")
+@pytest.mark.parametrize("pool, concurrency", [("prefork", 1), ("threads", 4)])
+def test_celerys_result_in_the_stores_database_is_written_in_finishs_own_transaction(fleet, postgres_url, db,
+                                                                                     pool, concurrency):
+    f = fleet(TTL=5, STORE=postgres_url, BACKEND=f"db+{postgres_url}", pool=pool, concurrency=concurrency)
     plain = f.client.tasks["fleet.threads"].delay()  # Celery's own write (and its tables)
     assert plain.get(timeout=30)["pid"] > 0
-    calls = [f.client.tasks["fleet.quick"].apply_async((40 + i,), task_id=f"pg-result-{i}") for i in range(3)]
+    quick = f.client.tasks["fleet.quick"]
+    calls = [quick.apply_async((40 + i,), task_id=f"pg-result-{pool}-{i}-{uuid.uuid4().hex[:8]}") for i in range(3)]
     assert [c.get(timeout=30) for c in calls] == [41, 42, 43]
     for c in calls:
         assert f.store.result(c.id).ok
@@ -64,7 +68,7 @@ def test_a_backend_on_another_database_is_written_by_celery_after_finish(fleet, 
         if not conn.execute(sa.text("SELECT 1 FROM pg_database WHERE datname = 'aaa_other_results'")).scalar():
             conn.execute(sa.text("CREATE DATABASE aaa_other_results"))
     f = fleet(TTL=5, STORE=postgres_url, BACKEND=f"db+{other}")
-    call = f.client.tasks["fleet.quick"].apply_async((1,), task_id="pg-result-elsewhere")
+    call = f.client.tasks["fleet.quick"].apply_async((1,), task_id=f"pg-result-elsewhere-{uuid.uuid4().hex[:8]}")
     assert call.get(timeout=30) == 2
     assert f.store.result(call.id).ok
     assert xmin(db, "celery_taskmeta", "task_id", call.id) is None  # not in the store's database
@@ -74,8 +78,9 @@ def test_a_stored_success_is_kept_as_celerys_backend_keeps_it(fleet, postgres_ur
     """A result row holding a SUCCESS already is left as it is (Celery's ``_store_result``)."""
     f = fleet(TTL=5, STORE=postgres_url, BACKEND=f"db+{postgres_url}")
     assert f.client.tasks["fleet.threads"].delay().get(timeout=30)["pid"] > 0  # the tables
-    f.client.backend.store_result("pg-result-kept", 7, "SUCCESS")
-    call = f.client.tasks["fleet.quick"].apply_async((1,), task_id="pg-result-kept")
+    kept = f"pg-result-kept-{uuid.uuid4().hex[:8]}"  # celery_taskmeta outlives a test
+    f.client.backend.store_result(kept, 7, "SUCCESS")
+    call = f.client.tasks["fleet.quick"].apply_async((1,), task_id=kept)
     wait_for(lambda: f.store.result(call.id) is not None, timeout_s=30)
     assert f.store.result(call.id).ok
     assert call.get(timeout=30) == 7
