@@ -40,6 +40,7 @@ added CPU, the store server's added CPU, and the store round trips (worker + pub
     python benchmarks/overhead.py --store memory://  # diagnostic: the guard without store round trips
     python benchmarks/overhead.py --store postgresql # one store only: a durable PostgreSQL
     python benchmarks/overhead.py --stores redis,redis-shared   # both Redis topologies
+    python benchmarks/overhead.py --store postgresql --results postgresql   # Celery's results in the store's database
 """
 
 from __future__ import annotations
@@ -124,6 +125,26 @@ class PostgresStats:
         return {"cmdstat_xact": {"calls": int(xacts) - 1}}  # less this read's own
 
 
+class PostgresResults:
+    """Celery's database backend's results, counted and cleared as the Redis results database
+    is (``dbsize``, ``flushdb``): the rows of its ``celery_taskmeta`` table."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.con = psycopg.connect(libpq_url(url), autocommit=True)
+
+    def _table(self) -> bool:
+        return bool(self.con.execute("SELECT to_regclass('celery_taskmeta') IS NOT NULL").fetchone()[0])
+
+    def dbsize(self) -> int:
+        return int(self.con.execute("SELECT count(*) FROM celery_taskmeta").fetchone()[0]) if self._table() else 0
+
+    def flushdb(self) -> None:
+        if self._table():
+            self.con.execute("TRUNCATE celery_taskmeta")
+
+
 def publish(app: Any, variant: str, n: int, tag: str) -> float:
     """Send N calls of ``variant`` to the staging list; returns seconds taken."""
     task = app.tasks[VARIANTS[variant]]
@@ -184,7 +205,8 @@ def run_pool(pool: str, args: argparse.Namespace, env: dict[str, str], logdir: P
     kind, conc = POOLS[pool]
     app = bench_app.app
     broker = redis.Redis.from_url(env["BENCH_BROKER"])
-    results = redis.Redis.from_url(env["BENCH_BACKEND"])
+    backend = env["BENCH_BACKEND"]
+    results = PostgresResults(backend[3:]) if backend.startswith("db+") else redis.Redis.from_url(backend)
     store = store_stats or redis.Redis.from_url(env["BENCH_STORE_SERVER"])
     shared = env["BENCH_STORE_SERVER"] == env["BENCH_BROKER"]
     with ExitStack() as stack:
@@ -307,7 +329,8 @@ def run_stores(args: argparse.Namespace) -> int:
         child = [sys.executable, str(Path(__file__).resolve()), "--store", STORES[kind] or "redis",
                  "--calls", str(args.calls), "--rounds", str(args.rounds), "--pools", args.pools,
                  "--variants", ",".join(args.variants), "--timeout", str(args.timeout),
-                 "--body-ms", str(args.body_ms), "--seed", str(args.seed), "--out", out]
+                 "--body-ms", str(args.body_ms), "--seed", str(args.seed), "--out", out,
+                 "--results", args.results]
         print(f"== {kind}: {' '.join(child[1:])}", flush=True)
         subprocess.run(child, check=True)
         parts[kind] = json.loads((RESULTS / f"{out}.json").read_text())
@@ -342,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--body-ms", type=float, default=0.0,
                     help="every variant's body sleeps this long (a tool waiting on I/O: try 10 and 100); "
                          "default 0, a trivial body")
+    ap.add_argument("--results", default="redis", choices=("redis", "postgresql"),
+                    help="Celery's result backend: redis (a database of the broker's server, the default) or, "
+                         "with --store postgresql, postgresql: Celery's database backend on the store's database")
     ap.add_argument("--seed", type=int, default=None,
                     help="the rounds' variant order (default: a fresh one, printed and kept in the JSON)")
     args = ap.parse_args(argv)
@@ -371,7 +397,10 @@ def main(argv: list[str] | None = None) -> int:
             store_stats, args.store = PostgresStats(pg), pg.url
         if shared:
             args.store, store_srv = broker_srv.url, broker_srv
-        env = {"BENCH_BROKER": broker_srv.url, "BENCH_BACKEND": broker_srv.url[:-1] + "1",
+        if args.results == "postgresql" and store_stats is None:
+            raise SystemExit("--results postgresql: with --store postgresql (Celery's results on its database)")
+        backend = f"db+{args.store}" if args.results == "postgresql" else broker_srv.url[:-1] + "1"
+        env = {"BENCH_BROKER": broker_srv.url, "BENCH_BACKEND": backend,
                "BENCH_STORE": args.store or store_srv.url, "BENCH_STORE_SERVER": store_srv.url,
                "BENCH_QUEUE": QUEUE, "BENCH_BODY_MS": str(args.body_ms)}
         os.environ.update(env)  # before bench_app is imported: it reads them

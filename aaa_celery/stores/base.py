@@ -94,6 +94,32 @@ class ResultCopy:
     server: Mapping[str, Any] | None
     #: Set by the store that wrote the copy with the accepted result.
     written: bool = False
+    #: The copy as a row of a SQL result backend's table (Celery's database backend), for a
+    #: SQL store on the same database; ``key`` and ``value`` are then unused.
+    row: ResultRow | None = None
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    """Celery's result of a call as a SQL result backend writes it: the row of ``table`` keyed
+    by ``task_id``, that a PostgreSQL store on the same ``database`` (``host``, ``port``,
+    ``dbname``, ``user``) inserts, or updates unless it holds a SUCCESS, in ``finish``'s own
+    transaction.
+
+    ``columns`` are (name, SQL type, value), each value as the backend's driver receives it;
+    ``id`` is the primary key's expression, if it is not the column's default (a sequence)."""
+
+    database: tuple[str | None, int | None, str | None, str | None]
+    table: tuple[str | None, str]
+    columns: tuple[tuple[str, str, Any], ...]
+    id: tuple[str, str] | None = None
+
+    @staticmethod
+    def database_of(url: Any) -> tuple[str | None, int | None, str | None, str | None]:
+        """The database a SQLAlchemy URL names, as ``database`` compares it: host (or the
+        socket directory of a ``host`` query parameter), port (5432 by default), name, user."""
+        host = url.host or url.query.get("host")
+        return (None if host is None else str(host), url.port or 5432, url.database, url.username)
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,20 @@ the server of Celery's plain Redis backend (the default: the store is on the bro
 and so is the backend, often) writes it in ``finish``'s own script, once it accepted the
 success: one round trip for both, as many as plain Celery's worker makes for its result.
 Otherwise the worker writes it after ``finish``, as above.
+
+**In the same database.** With Celery's database backend (``db+postgresql://``) on the
+database of a PostgreSQL store (the same host, port, database and user), Celery's result goes
+with ``finish`` as a row (:class:`~aaa_celery.stores.base.ResultRow`: the backend's own table,
+columns and encoding, made by its own ``_update_result``), and the store writes it in
+``finish``'s transaction, as the backend would (a stored SUCCESS is kept): one commit for the
+guard's record and Celery's result. Where the store does not write it, Celery writes it itself.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+from datetime import datetime
 from collections.abc import Callable
 from typing import Any
 
@@ -35,12 +44,13 @@ from celery import states
 from celery.backends.base import Backend, BaseKeyValueStoreBackend
 from kombu.utils.encoding import bytes_to_str
 
-from ..stores.base import ResultCopy
+from ..stores.base import ResultCopy, ResultRow
 
 log = logging.getLogger("aaa_celery.worker")
 
 _FAST: dict[type, bool] = {}
 _REDIS: dict[type, bool] = {}
+_DATABASE: dict[type, bool] = {}
 #: The key-value backends' result write this module stands in for (None: a Celery without it).
 _KV_STORE_RESULT = getattr(BaseKeyValueStoreBackend, "_store_result", None)
 
@@ -92,9 +102,76 @@ def result_copy(task: Any, req: Any) -> Callable[[Any], ResultCopy | None] | Non
     write with the accepted success (:class:`~aaa_celery.stores.base.ResultCopy`), or None
     where Celery writes the result itself (see :mod:`this module <aaa_celery.worker.results>`)."""
     backend = task.backend
-    if not (_celery_would_store(task, req) and _writes_as_key_value(backend)):
+    if not _celery_would_store(task, req):
         return None
-    return lambda value: _copy(backend, req, value)
+    if _writes_as_key_value(backend):
+        return lambda value: _copy(backend, req, value)
+    if _writes_as_database(backend):
+        return lambda value: _row_copy(backend, req, value)
+    return None
+
+
+def _writes_as_database(backend: Any) -> bool:
+    """Whether ``backend`` is Celery's own database backend on PostgreSQL, writing a result
+    with its ``_update_result`` (the row a store on its database may write for it)."""
+    cls = type(backend)
+    fast = _DATABASE.get(cls)
+    if fast is None:
+        try:
+            from celery.backends.database import DatabaseBackend
+        except ImportError:  # no SQLAlchemy: no database backend either
+            fast = _DATABASE[cls] = False
+            return fast
+        fast = _DATABASE[cls] = isinstance(backend, DatabaseBackend) and all(
+            getattr(cls, name, None) is getattr(owner, name, False)
+            for owner, names in ((DatabaseBackend, ("_store_result", "_update_result")),
+                                 (Backend, ("store_result", "mark_as_done")))
+            for name in names)
+    return fast
+
+
+def _row_copy(backend: Any, req: Any, value: Any) -> ResultCopy | None:
+    """Celery's result as its database backend would write it (its own ``_update_result`` on
+    a row of its own table, not added to any session); None (Celery writes it) if the backend
+    is not on PostgreSQL, or making the row raises."""
+    try:
+        import sqlalchemy as sa
+
+        url = sa.engine.make_url(backend.url)
+        if url.get_backend_name() != "postgresql":
+            return None
+        dialect = _dialect()
+        row = backend.task_cls(req.id)
+        backend._update_result(row, backend.encode_result(value, states.SUCCESS), states.SUCCESS,
+                               traceback=None, request=req)
+        table = row.__table__
+        columns, key = [], None
+        for column in table.columns:
+            if column.primary_key:
+                sequence = column.default if isinstance(column.default, sa.Sequence) else None
+                if sequence is not None:
+                    name = sequence.name if not sequence.schema else f"{sequence.schema}.{sequence.name}"
+                    key = (column.name, name)
+                continue
+            got = getattr(row, column.key, None)
+            process = column.type.bind_processor(dialect)
+            kind = column.type.compile(dialect=dialect)
+            if isinstance(got, datetime) and got.tzinfo is not None:
+                kind = "TIMESTAMP WITH TIME ZONE"  # as psycopg sends it: the session's zone converts it
+            columns.append((column.name, kind, process(got) if process is not None and got is not None else got))
+        return ResultCopy(req.id, "", None, None,
+                          row=ResultRow(ResultRow.database_of(url), (table.schema, table.name), tuple(columns), key))
+    except Exception as e:  # noqa: BLE001 - Celery's own write (and its error handling) follows
+        log.debug("aaa: Celery's result of %s left to Celery: %r", req.id, e)
+        return None
+
+
+@functools.cache
+def _dialect() -> Any:
+    """SQLAlchemy's PostgreSQL dialect on psycopg: the column types' SQL and bind processors."""
+    from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+    return PGDialect_psycopg()  # type: ignore[no-untyped-call]
 
 
 def _copy(backend: Any, req: Any, value: Any) -> ResultCopy | None:
@@ -119,8 +196,8 @@ def store_accepted(task: Any, req: Any, copy: ResultCopy | None) -> None:
     """Celery's result of ``req``, a guarded call whose success the store accepted with
     ``copy``: written already by the store, else now by its backend without the read; either
     way Celery's trace then leaves it be. Nothing if there is no copy: Celery writes it."""
-    if copy is None:
-        return
+    if copy is None or (copy.row is not None and not copy.written):
+        return  # a row the store did not write: Celery writes it, reading it first
     if not copy.written:
         try:
             task.backend._set_with_state(copy.key, copy.value, states.SUCCESS)

@@ -37,6 +37,7 @@ from sqlalchemy.pool import Pool, PoolProxiedConnection
 
 from ...lifecycle import FINISHED_HINT, CallSpec, Draft, Lease, Outcome, Writes, merge_spec, sweep_hint
 from .._writes import CallWriter
+from ..base import ResultRow
 
 #: psycopg's errors that mean the server or the connection failed (the store is unavailable).
 CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
@@ -383,6 +384,40 @@ BEGIN_PLANNED = ("SELECT got, ok, pid FROM aaa_begin_planned(%s::bigint, %s::var
 FINISH_PLANNED = ("SELECT ok, pid FROM aaa_finish_planned(%s::bigint, %s::varchar, %s::integer, %s::text,"
                   " %s::json, %s::double precision, %s::varchar, %s::varchar, %s::integer, %s::json,"
                   " %s::double precision)")
+
+
+
+def quoted_name(*parts: str | None) -> str:
+    """An identifier, schema-qualified if a schema is given, quoted as PostgreSQL quotes one."""
+    return ".".join('"' + part.replace('"', '""') + '"' for part in parts if part is not None)
+
+
+def insert_result_row(row: ResultRow, source: str = "") -> tuple[str, tuple[Any, ...]]:
+    """The statement that writes Celery's result ``row`` as Celery's database backend writes a
+    result: inserted, or updated unless the row holds a SUCCESS already; ``source`` a ``FROM``
+    clause the values are selected from (by default none). The statement and its parameters."""
+    names, values, params = [], [], []
+    if row.id is not None:
+        names.append(quoted_name(row.id[0]))
+        values.append("nextval(%s::regclass)")
+        params.append(row.id[1])
+    for name, kind, value in row.columns:
+        names.append(quoted_name(name))
+        values.append(f"%s::{kind}")
+        params.append(value)
+    updates = ", ".join(f"{n} = EXCLUDED.{n}" for n in names[1 if row.id is not None else 0:] if n != '"task_id"')
+    statement = (f"INSERT INTO {quoted_name(*row.table)} AS t ({', '.join(names)}) SELECT {', '.join(values)}"
+                 f"{source} ON CONFLICT (task_id) DO UPDATE SET {updates} WHERE t.status IS DISTINCT FROM 'SUCCESS'")
+    return statement, tuple(params)
+
+
+def finish_planned_with_row(row: ResultRow) -> tuple[str, tuple[Any, ...]]:
+    """:data:`FINISH_PLANNED` with Celery's result ``row`` written in the same statement, so in
+    the same transaction, only if the function made the planned writes
+    (:func:`insert_result_row`). The statement, and ``row``'s parameters (after FINISH_PLANNED's)."""
+    insert, params = insert_result_row(row, " FROM f WHERE f.ok")
+    return f"WITH f AS MATERIALIZED ({FINISH_PLANNED}), c AS ({insert}) SELECT ok, pid FROM f", params
+
 
 #: The error of a database whose schema predates the functions (not migrated to ``0004``,
 #: whose ``aaa_begin_planned`` takes two more arguments than ``0003``'s).

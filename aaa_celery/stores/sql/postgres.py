@@ -87,7 +87,7 @@ from ...errors import ConfigError, StoreUnavailable, UnsafeDeployment
 from ...lifecycle import (Accepted, BeginResult, CallSpec, CallState, Claimed, FinishResult, Lease, Outcome, Writes,
                           plan_finish, spec_rank, sweep_hint)
 from .._writes import apply
-from ..base import ResultCopy, new_token, wrap_errors
+from ..base import ResultCopy, ResultRow, new_token, wrap_errors
 from .runs import SQLRuns
 from . import versions
 from .store import SQLStore, _outcome, call_state, lapsed_event
@@ -677,6 +677,9 @@ class PostgresStore(SQLRuns, SQLStore):
         #: The names of the calls this process claimed (:meth:`_remember`).
         self._names: OrderedDict[str, str] = OrderedDict()
         self._names_lock = threading.Lock()
+        #: The columns of each of Celery's result tables named by a copy (none: no such table),
+        #: and when they were looked up (:meth:`_result_row`).
+        self._result_tables: dict[tuple[str | None, str], tuple[frozenset[str], float]] = {}
         super().__init__(sa.create_engine(_engine_url(url), connect_args=args, **options), clock or self._db_clock)
         ping_if_idle(self.engine, self.PING_IDLE_S)
         from .pg_driver import CONNECTION_ERRORS
@@ -906,12 +909,22 @@ class PostgresStore(SQLRuns, SQLStore):
         the lease, the transaction runs there (after any other thread's statement on it) and
         gives the lock back in the same step; else on a pooled connection."""
 
-        def decide(tx: Any, row: Any, spec: CallSpec, got: bool, lease_token: str, now: float) -> tuple[Any, bool]:
-            return self._decide_finish(tx, row, spec, lease, outcome, config, now), False
-
-        from .pg_driver import FINISH_PLANNED
+        from .pg_driver import FINISH_PLANNED, finish_planned_with_row, insert_result_row
 
         name = self._recall(lease.call_id)
+        result_row = self._result_row(copy) if outcome.ok else None
+        sent: list[bool] = []  # the row went with the function's call, and nothing decided after it
+
+        def decide(tx: Any, row: Any, spec: CallSpec, got: bool, lease_token: str, now: float) -> tuple[Any, bool]:
+            sent.clear()  # the function wrote nothing
+            state = call_state(row, _outcome(row.outcome), False, None)
+            writes = plan_finish(state, spec, lease, outcome, config)
+            finished = apply(writes, tx.writer(lease.call_id, now))
+            if result_row is not None and isinstance(finished, Accepted) and writes.record is not None:
+                statement, params = insert_result_row(result_row)
+                tx.queue(statement, *params)
+                sent.append(True)  # with the record's writes, before the COMMIT
+            return finished, False
 
         def fast(lease_token: str, now: float) -> tuple[Any, tuple[str, tuple[Any, ...]]] | None:
             # planned for this attempt being the call's last, without a result
@@ -923,16 +936,47 @@ class PostgresStore(SQLRuns, SQLStore):
             planned = self._planned(writes, lease.call_id, now, False)
             if planned is None:
                 return None
-            return planned.reply, (FINISH_PLANNED, (lease.call_id, lease.attempt, name, *planned.recorded,
-                                                    *planned.event))
+            params = (lease.call_id, lease.attempt, name, *planned.recorded, *planned.event)
+            if result_row is None:
+                return planned.reply, (FINISH_PLANNED, params)
+            statement, more = finish_planned_with_row(result_row)
+            sent.append(True)
+            return planned.reply, (statement, (*params, *more))
 
         with wrap_errors(self.kind, *self._errors):
             finished: FinishResult | None = self._sessions.transaction(
                 lock_key(lease.call_id), lease.token, CallSpec(lease.call_id), self.now, decide, take=False,
                 fast=fast)
         if finished is not None:
+            if sent and copy is not None:
+                copy.written = True
             return finished
         return super().finish(lease, outcome, config)
+
+    def _result_row(self, copy: ResultCopy | None) -> ResultRow | None:
+        """Celery's result row of ``copy``, if it goes to this store's database (the same host,
+        port, database and user) and its table there has each of the row's columns (a table
+        another Celery version created may lack some: Celery then writes, and fails, alone).
+        A table's columns are looked up once; a missing table again after
+        :attr:`RESULT_TABLE_RECHECK_S` (Celery creates its tables at its first write)."""
+        row = copy.row if copy is not None else None
+        if row is None or row.database != ResultRow.database_of(self.engine.url):
+            return None
+        known = self._result_tables.get(row.table)
+        if known is None or (not known[0] and time.monotonic() - known[1] > self.RESULT_TABLE_RECHECK_S):
+            from .pg_driver import quoted_name
+
+            with wrap_errors(self.kind, *self._errors), self._read() as conn:
+                names = conn.execute(sa.text(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(:name) AND attnum > 0"
+                    " AND NOT attisdropped"), {"name": quoted_name(*row.table)}).scalars()
+                known = self._result_tables[row.table] = (frozenset(names), time.monotonic())
+        columns = known[0]
+        wanted = [name for name, _, _ in row.columns] + ([row.id[0]] if row.id is not None else [])
+        return row if columns and columns.issuperset(wanted) else None
+
+    #: How long a result table found missing is taken as missing before it is looked up again.
+    RESULT_TABLE_RECHECK_S = 30.0
 
     def _finish(self, lease: Lease, outcome: Outcome, config: GuardConfig) -> FinishResult:
         with self._transaction() as tx:
