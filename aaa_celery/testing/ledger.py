@@ -178,7 +178,7 @@ class EffectLedger(BaseEffectLedger):
     def now(self) -> float:
         """The Redis server's clock (``TIME``), which stamps every entry."""
         seconds, micros = self._client().time()
-        return float(seconds) + micros / 1e6
+        return float(seconds) + float(micros) / 1e6
 
     def effect_table(self) -> dict[str, dict[str, Any]]:
         raw = self._client().hgetall(f"{self.prefix}:effects")
