@@ -37,7 +37,7 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     ]
     for inv in INVARIANTS:
         na = baseline and inv not in LEDGER_ONLY
-        rows.append((f"violations {inv} ({INVARIANT_NAMES[inv]})", "n/a" if na else str(s["violations"][inv])))
+        rows.append((f"violations {inv} ({INVARIANT_NAMES[inv]})", "n/a" if na else str(s["violations"].get(inv, 0))))
     if report.get("documented_exceptions"):
         rows.append(("documented exceptions (outside the guarantee)", str(len(report["documented_exceptions"]))))
     rows.append(("wall time", f"{report['elapsed_s']:.0f} s"))
@@ -52,6 +52,7 @@ INVARIANT_NAMES = {
     "I5": "superseded only as stale_result",
     "I6": "keyed effect exactly once",
     "I7": "recorded == returned",
+    "I8": "no in-doubt or re-run without a loss",
 }
 
 

@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..testing.checker import Call, LeaseEnd, PathCut, RecordedStore, check_history, excuse, executions, summarize
-from ..testing.faults import Frozen, freeze, kill9, pool_children, stop_process
+from ..testing.checker import Call, LeaseEnd, Loss, PathCut, RecordedStore, check_history, excuse, executions, summarize
+from ..testing.faults import FAKETIME_LIBRARY, Frozen, freeze, kill9, pool_children, skewed_clock, stop_process
 from ..testing.fleet import WorkerProcess
 from ..testing.ledger import EFFECT, END, EffectLedger
 from .app import EFFECTS_TABLE, TASKS, effects_metadata, make_app
@@ -64,7 +64,14 @@ PARTITION_FAULTS = ("partition_store", "partition_broker", "slow_store")
 #: lease runs out while the body runs, and on_lost_lease=finish lets the body run to its end.
 PARTITION_REASON = ("a worker cut off from the store cannot renew its leases, and on_lost_lease=finish "
                     "lets the body run to its end (its result fenced)")
-FAULT_KINDS = (*WORKER_FAULTS, "duplicate", "pg_kill", *STORE_FAULTS, *PARTITION_FAULTS)
+#: The clock nemesis: ``clock_skew`` restarts a worker (warm shutdown, so its running calls
+#: finish first) under libfaketime with its wall clock up to 300 s ahead or behind, as a VM
+#: with a failed NTP sync; the slot keeps that clock (through restarts after kills) until a
+#: later clock_skew on it brings it back to the true time. It loses no attempt: I8 holds.
+CLOCK_FAULTS = ("clock_skew",)
+#: The largest clock offset the clock nemesis gives a worker, in seconds (either way).
+MAX_SKEW_S = 300.0
+FAULT_KINDS = (*WORKER_FAULTS, *CLOCK_FAULTS, "duplicate", "pg_kill", *STORE_FAULTS, *PARTITION_FAULTS)
 #: How a partition cuts its path, chosen by the fault's ``pick``.
 CUTS = ("both", "up", "down", "reset")
 
@@ -317,6 +324,10 @@ class ChaosRun:
         self.lease_ends: list[LeaseEnd] = []
         #: Store paths a partition cut or slowed: the leases of the bodies it held end too.
         self.cuts: list[PathCut] = []
+        #: The faults that lost attempts (killed, frozen past the lease, or the store's own), for I8.
+        self.losses: list[Loss] = []
+        #: Worker slots whose clock the clock nemesis skewed: slot -> offset in seconds.
+        self.skews: dict[int, float] = {}
         self.fault_error: BaseException | None = None
         #: The partition nemesis's proxies: each worker slot's ``store`` and ``broker`` path.
         self.hub: ProxyHub | None = None
@@ -364,6 +375,8 @@ class ChaosRun:
         """A worker's env: its broker and store through its own proxied paths, if any (the
         ledger, the observer, never)."""
         env = dict(self.env)
+        if slot in self.skews:
+            env = skewed_clock(self.skews[slot], env)
         paths = self.paths.get(slot, {})
         if "broker" in paths:
             env["AAA_CHAOS_BROKER"] = paths["broker"].url(self.broker)
@@ -574,11 +587,14 @@ class ChaosRun:
             self.app.send_task(call.task, args=[call.duration_s, call.keyed], task_id=call.call_id)
             fault.target, fault.done_at = call.call_id, self._now()
             return
-        if kind == "pg_kill":
-            self._pg_kill(fault)
-            return
-        if kind in STORE_FAULTS:
-            self._store_fault(fault)
+        if kind in ("pg_kill", *STORE_FAULTS):  # a fault of the store: every worker's attempts may be lost
+            since = self.ledger.now()
+            if kind == "pg_kill":
+                self._pg_kill(fault)
+            else:
+                self._store_fault(fault)
+            if fault.done_at is not None and not fault.skipped:
+                self._lost(fault, since, None)
             return
         w = self._pick_worker(fault)
         if w is not None and kind in PARTITION_FAULTS:
@@ -587,10 +603,15 @@ class ChaosRun:
         if w is None:
             fault.skipped = "no worker up"
             return
-        fault.done_at = self._now()
+        if kind == "clock_skew":
+            self._clock_skew(fault, w)
+            return
+        fault.done_at, struck = self._now(), self.ledger.now()
+        holders = frozenset([w.pid, *w.children()])
         if kind == "kill_main":
             fault.target = f"{w.hostname} main {w.pid}"
             kill9(w.pid)
+            self._lost(fault, struck, holders)
         elif kind == "kill_child":
             children = pool_children(w.pid)
             if not children:
@@ -602,6 +623,7 @@ class ChaosRun:
                 self.lanes.setdefault(victim, Lane(w.hostname, self.slots.index(w), victim, self._now()))
                 self.lanes[victim].ended, self.lanes[victim].how = self._now(), "kill -9"
             kill9(victim)
+            self._lost(fault, struck, frozenset([victim]))
         elif kind in ("freeze_kill", "stop_cont"):
             frozen = freeze(w)
             with self.lock:
@@ -615,9 +637,46 @@ class ChaosRun:
                 frozen.thaw()
                 with self.lock:
                     self.frozen.pop(w.pid, None)
+            self._lost(fault, struck, holders | frozenset(w.children()))  # frozen past the lease TTL
         lane = self.lanes.get(w.pid)
         if lane is not None and kind in ("kill_main", "freeze_kill"):
             lane.how = kind
+
+    def _lost(self, fault: Fault, since: float, pids: frozenset[int] | None) -> None:
+        """Record that ``fault`` lost the attempts of ``pids`` (None: every worker's) from
+        ``since`` until now (both on the ledger's clock, the Redis server's)."""
+        until = self.ledger.now()
+        with self.lock:
+            self.losses.append(Loss(since, until, f"{fault.kind} at {fault.done_at or 0.0:.1f} s: "
+                                                        f"{fault.target}", pids))
+
+    def _clock_skew(self, fault: Fault, w: WorkerProcess) -> None:
+        """Restart ``w``'s slot with its wall clock skewed by up to ``MAX_SKEW_S`` either way
+        (libfaketime), or, if the slot's clock is skewed already, with the true time again.
+        The stop is a warm shutdown: the worker's running calls finish first, so no attempt
+        is lost (unless the shutdown outlasts its bound and the worker is killed)."""
+        if not os.path.exists(FAKETIME_LIBRARY):
+            fault.skipped = "libfaketime is not installed (apt-get install faketime)"
+            return
+        with self.lock:
+            slot = self.slots.index(w)
+            if slot in self.skews:
+                offset = 0.0
+                self.skews.pop(slot)
+            else:  # 60 to 300 s, ahead or behind
+                offset = (1 if fault.pick < 0.5 else -1) * round(60 + 2 * (MAX_SKEW_S - 60) * abs(fault.pick - 0.5))
+                self.skews[slot] = offset
+            lane = self.lanes.get(w.pid)
+            if lane is not None:
+                lane.how = "clock_skew restart"
+        fault.done_at, since = self._now(), self.ledger.now()
+        fault.target = (f"{w.hostname} restarted with its clock {offset:+.0f} s" if offset
+                        else f"{w.hostname} restarted with the true time")
+        holders = frozenset([w.pid, *w.children()])
+        # _restart_dead starts the slot's next worker, with the new clock, once this one exits
+        if w.stop(30) == -signal.SIGKILL:
+            fault.target += " (warm shutdown outlasted 30 s: killed)"
+            self._lost(fault, since, holders)
 
     def _partition(self, fault: Fault, w: WorkerProcess) -> None:
         """Cut (or slow) one worker's path to the store or the broker for ``hold_s``, then heal it."""
@@ -640,14 +699,17 @@ class ChaosRun:
                 link.cut(cut)
             how = {"both": "cut both ways", "up": "cut one way (requests held)",
                    "down": "cut one way (replies held)", "reset": "reset and refused"}[cut]
-        fault.done_at, cut_at = self._now(), time.time()
+        fault.done_at, cut_at = self._now(), self.ledger.now()
         fault.target = f"{w.hostname} {name} path {how}, {fault.hold_s:.1f} s"
         pids = frozenset([w.pid, *w.children()])  # and after: children killed and born during the cut
         self.stop_event.wait(fault.hold_s)
         link.heal()
         if name == "store":
             with self.lock:
-                self.cuts.append(PathCut(pids | frozenset(w.children()), cut_at, time.time(),
+                healed = self.ledger.now()
+                self.losses.append(Loss(cut_at, healed, f"{fault.kind}: {fault.target}",
+                                        pids | frozenset(w.children())))
+                self.cuts.append(PathCut(pids | frozenset(w.children()), cut_at, healed,
                                          f"{fault.kind} at {fault.done_at:.1f} s: {fault.target}; {PARTITION_REASON}"))
 
     def _store_fault(self, fault: Fault) -> None:
@@ -693,7 +755,7 @@ class ChaosRun:
         ledger ``start``), so a pause meets that call's ``finish``; returns its call id,
         or "" when no body ends within ``within_s``."""
         durations = {call.call_id: call.duration_s for call in self.sent}
-        now = time.time()
+        now = self.ledger.now()
         ends = [(x.start_at + durations[x.call_id], x.call_id)
                 for x in (x for xs in executions(self.ledger.entries()).values() for x in xs)
                 if x.start_at is not None and not x.ended and x.call_id in durations]
@@ -701,7 +763,7 @@ class ChaosRun:
         if not soon:
             return ""
         end, call_id = min(soon)
-        self.stop_event.wait(max(0.0, end - 0.05 - time.time()))
+        self.stop_event.wait(max(0.0, end - 0.05 - self.ledger.now()))
         return call_id
 
     def _pg_kill(self, fault: Fault) -> None:
@@ -730,7 +792,7 @@ class ChaosRun:
             # the leases the victim holds: its pid prefixes their tokens (PostgresStore.begin)
             leases = con.execute(f"SELECT call_id, lease_attempt FROM {calls_table.name} WHERE lease_token LIKE %s",
                                  (f"{victim}.%",)).fetchall()
-            at = time.time()
+            at = self.ledger.now()
             con.execute("SELECT pg_terminate_backend(%s)", (victim,))
         fault.target, fault.done_at = f"postgres backend {victim}", self._now()
         with self.lock:
@@ -790,7 +852,7 @@ class ChaosRun:
         ends = self.lease_ends + [end for cut in self.cuts for end in cut.lease_ends(runs)]
         violations, exceptions = excuse(
             check_history(store, entries, calls, heartbeat_s=c.heartbeat_s, lease_ttl_s=c.ttl_s,
-                          lease_ends=ends), self.excused)
+                          lease_ends=ends, losses=self.losses), self.excused)
         summary = summarize(store, entries, calls, violations)
         done = Counter(f.kind for f in self.plan.faults if f.done_at is not None)
         skipped = Counter(f.kind for f in self.plan.faults if f.skipped)

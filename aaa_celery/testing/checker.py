@@ -29,6 +29,12 @@
   which wrote it returned (the ledger's ``end`` entry of that attempt). A call an
   operator resolved (``aaa.tool.resolved``) has the operator's result instead: I1 and I7
   take it as given.
+* **I8** No ``OutcomeUnknown`` or ``ExecutionAbandoned``, and no second body start,
+  without a lost attempt. An attempt is lost when a fault killed its holder, froze it
+  past its lease, or cut it off from the store (a :class:`Loss`: which processes, and
+  when). A worker whose clock is wrong, a duplicate delivery or a slow call loses
+  nothing, so such a call must run its body once and complete. Checked only when the
+  caller passes ``losses`` (the chaos workload knows what its faults did).
 
 Some faults are outside the guarantee (docs/guarantees.md says so): a Redis failover without
 AOF can lose a write that the old primary acknowledged. :func:`excuse` moves the
@@ -54,7 +60,9 @@ from typing import Any, Protocol
 from ..lifecycle import COMPLETED, FAILED, FENCED, RESOLVED, STALE_RESULT, STARTED, Event, Outcome
 from .ledger import EFFECT, END, START, BaseEffectLedger
 
-INVARIANTS = ("I1", "I2", "I3", "I4", "I5", "I6", "I7")
+INVARIANTS = ("I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8")
+#: The in-doubt results, which only a lost attempt may cause (I8).
+IN_DOUBT = ("OutcomeUnknown", "ExecutionAbandoned")
 LEDGER_ONLY = ("I1", "I2", "I3", "I4", "I6")
 
 
@@ -142,6 +150,29 @@ class PathCut:
                 for call_runs in runs.values() for run in call_runs
                 if run.attempt is not None and run.pid in self.pids
                 and run.first_at <= self.end and run.last_at >= self.start]
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A fault that lost the attempts it struck (I8): their holder killed, frozen past its
+    lease, or cut off from the store, from ``start`` to ``end`` (the ledger's clock, epoch
+    seconds). ``pids``: the processes it struck (a worker's main process and its pool
+    children); ``None`` for a fault of the store itself, which strikes every worker."""
+
+    start: float
+    end: float
+    reason: str
+    pids: frozenset[int] | None = None
+
+    def struck(self, run: Execution, slack_s: float) -> bool:
+        """Whether ``run`` was running where and when this fault struck."""
+        return ((self.pids is None or run.pid in self.pids)
+                and run.first_at <= self.end + slack_s and run.last_at >= self.start - slack_s)
+
+    def near(self, at: float, ttl_s: float, slack_s: float) -> bool:
+        """Whether an attempt claimed at ``at`` (the store's clock) with no body in the
+        ledger could have been lost to this fault: it struck within a lease of the claim."""
+        return self.start - ttl_s - slack_s <= at <= self.end + slack_s
 
 
 @dataclass(frozen=True)
@@ -245,6 +276,7 @@ def check_history(
     slack_s: float = 1.0,
     lease_ttl_s: float | None = None,
     lease_ends: Iterable[LeaseEnd] = (),
+    losses: Iterable[Loss] | None = None,
 ) -> list[Violation]:
     """Every violation of I1..I7 in the history of ``calls``.
 
@@ -254,6 +286,7 @@ def check_history(
     ``3 * heartbeat_s``); ``slack_s`` absorbs scheduling and clock jitter.
     ``lease_ends``: leases that faults ended without silence (see :class:`LeaseEnd`);
     the overlaps they explain are reported marked ``outside`` (see :func:`excuse`).
+    ``losses``: the faults that lost attempts (see :class:`Loss`); I8 is checked only when given.
     ``store=None``: ledger-only (baseline) mode, see the module docstring.
     """
     ended: dict[str, list[LeaseEnd]] = defaultdict(list)
@@ -279,7 +312,30 @@ def check_history(
             else:
                 i2 = _overlaps(call.call_id, execs, heartbeat_s + slack_s)
             out += _check_guarded(call, store, execs, effects.get(call.call_id, []), i2)
+            if losses is not None:
+                out += _unexplained(call, store, execs, list(losses), ttl, slack_s)
     return out
+
+
+def _unexplained(call: Call, store: AuditTrail, execs: list[Execution], losses: list[Loss],
+                 ttl_s: float, slack_s: float) -> list[Violation]:
+    """I8: an in-doubt result or a second body start needs a lost attempt: a body run a
+    :class:`Loss` struck, or an attempt claimed (on the store's clock) whose body never
+    started, near a loss."""
+    result = store.result(call.call_id)
+    in_doubt = result is not None and not result.ok and result.error in IN_DOUBT
+    starts = [x for x in execs if x.start_at is not None]
+    if not in_doubt and len(starts) <= 1:
+        return []
+    bodies = {x.attempt for x in starts}
+    claimed = [e for e in store.events(call.call_id) if e.type == STARTED and e.attempt not in bodies]
+    if any(loss.struck(x, slack_s) for x in execs for loss in losses) \
+            or any(loss.near(e.at, ttl_s, slack_s) for e in claimed for loss in losses):
+        return []
+    what = [f"{result.error}" if in_doubt and result is not None else "",
+            f"{len(starts)} body starts" if len(starts) > 1 else ""]
+    return [Violation("I8", call.call_id, " and ".join(w for w in what if w) + " with no lost attempt "
+                      f"(no fault killed, froze or cut off a holder: runs on pids {[x.pid for x in execs]})")]
 
 
 # -- the guarded history (store + ledger) -----------------------------------------------

@@ -36,13 +36,38 @@ from typing import Any
 
 START, TICK, EFFECT, END = "start", "tick", "effect", "end"
 
+# Every entry (and effect row) is stamped with the Redis server's clock, not the writing
+# worker's: one clock for the whole fleet, so a worker whose clock is skewed (the chaos
+# harness's clock_skew fault) cannot make two runs look as if they overlapped. The client
+# sends the JSON without its closing brace and without "at"; the script appends
+# ``,"at":<TIME>}``.
+_NOW_LUA = """
+local t = redis.call('TIME')
+local at = ',"at":' .. t[1] .. '.' .. string.format('%06d', tonumber(t[2])) .. '}'
+"""
+
+# KEYS[1] a list; ARGV[1] an entry without "at" and its closing brace.
+_PUSH_LUA = _NOW_LUA + """
+return redis.call('RPUSH', KEYS[1], ARGV[1] .. at)
+"""
+
 # KEYS[1] effect table (hash), KEYS[2] entries (list); ARGV: key, row, entry if applied,
-# entry if not. Returns 1 when this try applied the effect.
-_APPLY_LUA = """
-local applied = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2])
-redis.call('RPUSH', KEYS[2], applied == 1 and ARGV[3] or ARGV[4])
+# entry if not (each without "at" and its closing brace). Returns 1 when this try applied the effect.
+_APPLY_LUA = _NOW_LUA + """
+local applied = redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2] .. at)
+redis.call('RPUSH', KEYS[2], (applied == 1 and ARGV[3] or ARGV[4]) .. at)
 return applied
 """
+
+
+def _unstamped(entry: dict[str, Any]) -> str:
+    """``entry`` as compact JSON without ``at`` and without its closing brace (see _NOW_LUA)."""
+    text = json.dumps({k: v for k, v in entry.items() if k != "at"}, separators=(",", ":"))
+    return text[:-1]
+
+
+def _push_stamped(client: Any, key: str, entry: dict[str, Any]) -> None:
+    client.eval(_PUSH_LUA, 1, key, _unstamped(entry))
 
 
 def new_exec_id() -> str:
@@ -64,6 +89,10 @@ class BaseEffectLedger:
 
     def clear(self) -> None:
         raise NotImplementedError
+
+    def now(self) -> float:
+        """The ledger's clock (epoch seconds), which stamps its entries."""
+        return time.time()
 
     def close(self) -> None:  # noqa: B027 - optional
         pass
@@ -124,7 +153,8 @@ class EffectLedger(BaseEffectLedger):
         return self._redis
 
     def append(self, entry: dict[str, Any]) -> None:
-        self._client().rpush(f"{self.prefix}:entries", json.dumps(entry, separators=(",", ":")))
+        """Append ``entry``, its ``at`` replaced by the Redis server's clock."""
+        _push_stamped(self._client(), f"{self.prefix}:entries", entry)
 
     def entries(self) -> list[dict[str, Any]]:
         return [json.loads(e) for e in self._client().lrange(f"{self.prefix}:entries", 0, -1)]
@@ -136,8 +166,15 @@ class EffectLedger(BaseEffectLedger):
         # One script: a body cancelled between applying the effect and recording the
         # try would otherwise leave an applied effect that the entries never mention.
         keys = [f"{self.prefix}:effects", f"{self.prefix}:entries"]
-        dumps = [json.dumps(e, separators=(",", ":")) for e in (if_applied, if_not)]
+        # every "at" on the Redis server's clock, like append's
+        row = _unstamped(json.loads(row))
+        dumps = [_unstamped(e) for e in (if_applied, if_not)]
         return bool(self._client().eval(_APPLY_LUA, 2, *keys, key, row, *dumps))
+
+    def now(self) -> float:
+        """The Redis server's clock (``TIME``), which stamps every entry."""
+        seconds, micros = self._client().time()
+        return float(seconds) + float(micros) / 1e6
 
     def clear(self) -> None:
         self._client().delete(f"{self.prefix}:entries", f"{self.prefix}:effects")
@@ -194,7 +231,9 @@ class Ledger:
         self._redis = redis.Redis.from_url(url, decode_responses=True)
 
     def record(self, event: str, *, task_id: str | None = None, ctx: Any = None, **fields: Any) -> dict[str, Any]:
-        """Append ``{"event", "task_id", "attempt", "pid", "at", ...}`` and return it."""
+        """Append ``{"event", "task_id", "attempt", "pid", "at", ...}`` and return it. The
+        stored ``at`` is the Redis server's clock (one clock for every worker); the returned
+        entry has this process's."""
         meta = getattr(ctx, "meta", None) or {}
         entry = {
             "event": event,
@@ -205,7 +244,7 @@ class Ledger:
             "at": time.time(),
             **fields,
         }
-        self._redis.rpush(self.key, json.dumps(entry, separators=(",", ":")))
+        _push_stamped(self._redis, self.key, entry)  # "at" on the Redis server's clock
         return entry
 
     def entries(self, task_id: str | None = None, event: str | None = None) -> list[dict[str, Any]]:

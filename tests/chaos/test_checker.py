@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from aaa_celery.lifecycle import COMPLETED, FAILED, FENCED, RESOLVED, STALE_RESULT, STARTED, Event, Outcome, event_id
-from aaa_celery.testing.checker import Call, RecordedStore, check_history, summarize
+from aaa_celery.testing.checker import Call, Loss, RecordedStore, check_history, summarize
 from aaa_celery.testing.ledger import MemoryEffectLedger
 
 HB = 0.5  # heartbeat_s the crafted histories assume
@@ -67,9 +67,9 @@ class History:
         self.body(cid, attempt, t0, t0 + dur, value=value, **kw)
         self.result(cid, attempt, value, at=t0 + dur)
 
-    def check(self, *, ledger_only: bool = False):
+    def check(self, *, ledger_only: bool = False, losses=None):
         store = None if ledger_only else RecordedStore(self.events, self.results)
-        return check_history(store, self.ledger, self.calls, **CHECK)
+        return check_history(store, self.ledger, self.calls, **CHECK, losses=losses)
 
 
 def invariants(violations):
@@ -403,6 +403,69 @@ def test_i6_kept_when_the_key_deduplicates_the_rerun():
     assert h.check() == []
     s = summarize(RecordedStore(h.events, h.results), h.ledger, h.calls, [])
     assert (s["effects_applied"], s["effects_deduplicated_by_key"]) == (1, 1)
+
+
+# -- I8 ---------------------------------------------------------------------------------
+
+
+def _in_doubt_after_attempt_1(delivery: str, error: str) -> History:
+    """Attempt 1 (pid 101) runs from 0.0 to 1.0 and never returns; the call ends in doubt."""
+    h = History()
+    cid = h.call("doubt", delivery=delivery, max_attempts=1)
+    h.lost(cid, 1, 0.0, 1.0)
+    h.result(cid, 1, error=error, at=4.0)
+    return h
+
+
+@pytest.mark.parametrize(("delivery", "error"), [("at_most_once", "OutcomeUnknown"),
+                                                 ("at_least_once", "ExecutionAbandoned")])
+def test_i8_an_in_doubt_result_without_a_lost_attempt_is_reported(delivery, error):
+    # what a worker judging leases on a skewed clock does: a live holder's call recovered
+    h = _in_doubt_after_attempt_1(delivery, error)
+    assert invariants(h.check(losses=[])) == ["I8"]
+    # a loss elsewhere (another worker's pid, or long after) explains nothing
+    assert invariants(h.check(losses=[Loss(0.5, 0.5, "kill_main", frozenset({999})),
+                                      Loss(30.0, 31.0, "store_pause")])) == ["I8"]
+
+
+@pytest.mark.parametrize("loss", [Loss(1.1, 1.1, "kill_child", frozenset({101})),         # its holder killed
+                                  Loss(0.6, 4.0, "stop_cont", frozenset({50, 101})),      # frozen past its lease
+                                  Loss(0.2, 5.0, "partition_store", frozenset({101})),    # cut off from the store
+                                  Loss(0.9, 0.9, "store_restart")])                       # the store itself
+def test_i8_kept_when_a_fault_lost_the_attempt(loss):
+    h = _in_doubt_after_attempt_1("at_most_once", "OutcomeUnknown")
+    assert h.check(losses=[loss]) == []
+
+
+def test_i8_a_second_body_start_without_a_lost_attempt_is_reported():
+    # attempt 1 ran to its end on a live holder, yet a second attempt ran the body again
+    h = History()
+    cid = h.call("rerun")
+    h.ev(cid, STARTED, 1, 0.0)
+    h.body(cid, 1, 0.0, 1.0, value={"attempt": 1})
+    h.clean(cid, 2, t0=5.0)
+    assert invariants(h.check(losses=[])) == ["I8"]
+    assert h.check(losses=[Loss(0.5, 0.5, "kill_main", frozenset({101}))]) == []
+
+
+def test_i8_an_attempt_claimed_whose_body_never_started_is_lost_only_near_a_fault():
+    # attempt 1 was claimed at 0.0 (the store's clock) and its holder died before the body began
+    h = History()
+    cid = h.call("claimed", delivery="at_most_once")
+    h.ev(cid, STARTED, 1, 0.0)
+    h.result(cid, 1, error="OutcomeUnknown", at=4.0)
+    assert invariants(h.check(losses=[])) == ["I8"]
+    assert h.check(losses=[Loss(0.3, 0.3, "kill_main", frozenset({7}))]) == []
+    assert invariants(h.check(losses=[Loss(20.0, 20.0, "kill_main", frozenset({7}))])) == ["I8"]
+
+
+def test_i8_is_not_checked_without_losses_and_a_clean_history_keeps_it():
+    h = _in_doubt_after_attempt_1("at_most_once", "OutcomeUnknown")
+    assert h.check() == []
+    h = History()
+    h.clean(h.call("c1"))
+    h.clean(h.call("c2", delivery="at_most_once"))
+    assert h.check(losses=[]) == []
 
 
 # -- I7 ---------------------------------------------------------------------------------
