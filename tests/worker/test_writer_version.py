@@ -11,6 +11,7 @@ warning to upgrade this process.
 from __future__ import annotations
 
 import logging
+import uuid
 
 import pytest
 import sqlalchemy as sa
@@ -39,6 +40,8 @@ def at_revision(url: str, revision: str) -> None:
 def producer(url: str) -> Celery:
     app = Celery("shop", broker="memory://", set_as_current=False)
     app.conf.aaa_store_url = url
+    # the memory broker is the process's: a queue of its own, untouched by other tests in it
+    app.conf.task_default_queue = f"writer-version-{uuid.uuid4().hex[:8]}"
 
     @app.task(base=GuardedTask, name="shop.refund", shared=False)
     def refund(order_id: int) -> str:
@@ -54,7 +57,7 @@ def test_a_producer_refuses_an_older_store_before_it_publishes(tmp_path):
     with pytest.raises(StoreOutdated, match=r"`celery -A shop aaa migrate`"):
         app.tasks["shop.refund"].delay(1)
     with app.connection_for_write() as conn:  # nothing was published
-        assert conn.default_channel.queue_declare("celery", passive=False).message_count == 0
+        assert conn.default_channel.queue_declare(app.conf.task_default_queue, passive=False).message_count == 0
     open_store(url).migrate()
     assert app.tasks["shop.refund"].delay(1).id  # once migrated: published
 
