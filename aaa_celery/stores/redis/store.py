@@ -329,7 +329,7 @@ class RedisStore(RedisRuns, Store):
         if acked < self.replicas:
             raise StoreUnavailable(
                 f"redis store: {script} of {call_id!r} reached {acked} of {self.replicas} replicas within "
-                f"{self._wait[1]} ms (aaa_store_options replicas): not counted as made; the guard retries it"
+                f"{self._wait[1]} ms (aaa_store_options replicas): not counted as made"
             )
         return reply
 
