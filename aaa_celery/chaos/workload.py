@@ -440,10 +440,11 @@ class ChaosRun:
                 self.redis = LocalRedis(self.workdir)
                 self.broker = self.redis.url
                 self.say(f"started redis-server on {self.broker} (pid {self.redis.proc.pid})")
-            if not c.store and not c.baseline and set(c.kinds) & set(STORE_FAULTS):
+            # store_replicas needs a replica to wait for: without one every write of a call is refused
+            if not c.store and not c.baseline and (set(c.kinds) & set(STORE_FAULTS) or c.store_replicas):
                 self.store_redis = LocalRedis(self.workdir / "store", aof=True)
                 self.say(f"started the store's redis-server (AOF) on {self.store_redis.url}")
-                if "store_failover" in c.kinds:
+                if "store_failover" in c.kinds or c.store_replicas:
                     self.store_replica = LocalRedis(self.workdir / "replica", replica_of=self.store_redis.port)
             self.ledger_prefix = f"aaa:chaos:{self.nonce}"
             if set(c.kinds) & set(PARTITION_FAULTS):
