@@ -9,30 +9,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def lint_imports(*config: str) -> str:
+    """import-linter's report on the package (``config``: a configuration file other than
+    pyproject.toml); fails the test on a broken contract."""
+    option = f"config_filename={config[0]!r}, " if config else ""
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports; "
+         f"sys.exit(lint_imports({option}no_cache=True))"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    return done.stdout
+
+
 def test_import_linter_contracts_hold():
     """Every rule of DESIGN.md §7 is an import-linter contract in pyproject.toml; a
     back-arrow (a store importing Celery, runtime importing a store, testing importing
     chaos, a cycle in the worker) breaks one."""
-    done = subprocess.run(
-        [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports; "
-         "sys.exit(lint_imports(no_cache=True))"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "0 broken" in done.stdout
+    assert "0 broken" in lint_imports()
 
 
 def test_runtime_has_no_import_cycle_even_through_type_checking_imports():
     """The main contracts skip ``TYPE_CHECKING`` imports; runtime/'s own contract counts them
     (runtime/approvals.py once imported runtime/run.py's handle that way, and run.py imports
     approvals)."""
-    done = subprocess.run(
-        [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports; "
-         "sys.exit(lint_imports(config_filename='tests/project/runtime-imports.toml', no_cache=True))"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "1 kept, 0 broken" in done.stdout
+    assert "1 kept, 0 broken" in lint_imports("tests/project/runtime-imports.toml")
 
 
 def test_importing_the_task_adapter_leaves_celerys_redis_backend_unloaded():
