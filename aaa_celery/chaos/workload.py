@@ -239,6 +239,23 @@ class LocalRedis:
         finally:
             client.close()
 
+    def wait_replicated(self, timeout_s: float = 30.0) -> bool:
+        """Wait until a replica has every write this server took (``WAIT 1``): with a store
+        that waits for its replica, writes are refused until then."""
+        import redis
+
+        client = redis.Redis.from_url(self.url, socket_timeout=timeout_s + 5)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(redis.RedisError):
+                    if client.execute_command("WAIT", 1, 1000):  # type: ignore[no-untyped-call]
+                        return True
+                time.sleep(0.1)
+            return False
+        finally:
+            client.close()
+
     def pause(self, seconds: float) -> None:
         """``CLIENT PAUSE`` every write (and key expiry) for ``seconds``."""
         import redis
@@ -594,6 +611,9 @@ class ChaosRun:
                 self._pg_kill(fault)
             else:
                 self._store_fault(fault)
+                if self.store_replica is not None and self.store_redis is not None and fault.done_at is not None:
+                    # the store refuses writes until its replica has resynced: the fault lasts as long
+                    self.store_redis.wait_replicated()
             if fault.done_at is not None and not fault.skipped:
                 self._lost(fault, since, None)
             return
@@ -638,10 +658,16 @@ class ChaosRun:
                 frozen.thaw()
                 with self.lock:
                     self.frozen.pop(w.pid, None)
-            self._lost(fault, struck, holders | frozenset(w.children()))  # frozen past the lease TTL
+            # frozen past the lease TTL; on SQLite a process frozen inside a write transaction
+            # keeps the database's one write lock, so no worker renews until it thaws or dies
+            self._lost(fault, struck, None if self._one_write_lock() else holders | frozenset(w.children()))
         lane = self.lanes.get(w.pid)
         if lane is not None and kind in ("kill_main", "freeze_kill"):
             lane.how = kind
+
+    def _one_write_lock(self) -> bool:
+        """Whether every worker writes the store under one lock that any process may hold (SQLite)."""
+        return (self.config.store or "").startswith("sqlite")
 
     def _lost(self, fault: Fault, since: float, pids: frozenset[int] | None) -> None:
         """Record that ``fault`` lost the attempts of ``pids`` (None: every worker's) from

@@ -75,6 +75,18 @@ class Interrupted(BaseException):
     """Raised inside a tool body to stop it; BaseException so ``except Exception`` can't eat it."""
 
 
+def _raised_while_interrupted(error: BaseException) -> bool:
+    """Whether ``error`` was raised while an :class:`Interrupted` was being handled."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, Interrupted):
+            return True
+        seen.add(id(cause))
+        cause = cause.__context__
+    return False
+
+
 class LeaseCancelled(Interrupted):
     """The lease was lost and ``on_lost_lease=cancel``."""
 
@@ -290,6 +302,13 @@ class Watchdog:
         except asyncio.CancelledError:
             if self.reason is not None:
                 raise self.reason() from None
+            raise
+        except Exception as e:
+            # The interrupt lands wherever the body is: code that was running there (a
+            # Condition's lock, a cleanup) may raise its own error while the interrupt is
+            # being handled. The body was still stopped by the guard, for this reason.
+            if self.reason is not None and _raised_while_interrupted(e):
+                raise self.reason() from e
             raise
         finally:
             self._body_ended()

@@ -52,6 +52,7 @@ which need the audit trail, are not checked.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -328,14 +329,18 @@ def _unexplained(call: Call, store: AuditTrail, execs: list[Execution], losses: 
     if not in_doubt and len(starts) <= 1:
         return []
     bodies = {x.attempt for x in starts}
-    claimed = [e for e in store.events(call.call_id) if e.type == STARTED and e.attempt not in bodies]
+    trail = store.events(call.call_id)
+    claimed = [e for e in trail if e.type == STARTED and e.attempt not in bodies]
     if any(loss.struck(x, slack_s) for x in execs for loss in losses) \
             or any(loss.near(e.at, ttl_s, slack_s) for e in claimed for loss in losses):
         return []
-    what = [f"{result.error}" if in_doubt and result is not None else "",
+    cause = re.search(r"\(cause: (\w+)\)\s*$", result.message) if in_doubt and result is not None else None
+    what = [f"{result.error}" + (f" ({cause.group(1)})" if cause else "") if in_doubt and result is not None else "",
             f"{len(starts)} body starts" if len(starts) > 1 else ""]
     return [Violation("I8", call.call_id, " and ".join(w for w in what if w) + " with no lost attempt "
-                      f"(no fault killed, froze or cut off a holder: runs on pids {[x.pid for x in execs]})")]
+                      f"(no fault killed, froze or cut off a holder: runs on pids {[x.pid for x in execs]} "
+                      f"from {[round(x.first_at, 2) for x in execs]} to {[round(x.last_at, 2) for x in execs]}; "
+                      f"trail {[(e.type, e.attempt, round(e.at, 2)) for e in trail]})")]
 
 
 # -- the guarded history (store + ledger) -----------------------------------------------

@@ -16,6 +16,7 @@ import redis
 from aaa_celery.config import GuardConfig
 from aaa_celery.errors import StoreUnavailable, ToolTimeout
 from aaa_celery.guard import GuardRunner, Watchdog
+from aaa_celery.guard.runner import Dropped
 from aaa_celery.lifecycle import Busy, CallSpec, Claimed, Lease
 from aaa_celery.stores.memory import MemoryStore
 from aaa_celery.stores.redis import RedisStore
@@ -200,3 +201,27 @@ def test_an_at_most_once_call_whose_begin_reply_was_lost_runs_once_as_attempt_1(
     assert ran == [1] and store.lost == 1
     assert store.result(call.call_id).ok
     assert [e.attempt for e in store.events(call.call_id) if e.type == "aaa.tool.started"] == [1]
+
+
+def test_a_cancel_that_library_code_turns_into_another_error_is_still_the_cancel() -> None:
+    """Seen in a chaos run on 2026-12-04 (b073b91): the cancel, raised by the interrupt signal
+    inside ``threading.Event.wait``, left the Condition's lock unlocked, and its ``with`` exit
+    raised ``RuntimeError('release unlocked lock')`` in its place. The runner recorded that
+    RuntimeError as the call's result, though the guard had stopped the body for a lost lease."""
+    now = [1000.0]
+    store = MemoryStore(clock=lambda: now[0])
+    cfg = GuardConfig(lease_ttl_s=0.6)
+    runner = GuardRunner(store, cfg)
+    call = new_call()
+
+    def body(attempt: int) -> None:
+        now[0] += 10  # the store's clock jumps: the lease has lapsed, the next renewal fails
+        try:
+            for _ in range(500):
+                time.sleep(0.01)
+        except BaseException:  # what threading.Condition did with the cancel, in short
+            raise RuntimeError("release unlocked lock") from None
+
+    with pytest.raises(Dropped):
+        runner.run(call, "worker-a", body)
+    assert store.result(call.call_id) is None  # fenced, not "failed with RuntimeError"
