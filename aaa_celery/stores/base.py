@@ -107,12 +107,15 @@ class ResultRow:
     transaction.
 
     ``columns`` are (name, SQL type, value), each value as the backend's driver receives it;
-    ``id`` is the primary key's expression, if it is not the column's default (a sequence)."""
+    ``id`` is the primary key's expression, if it is not the column's default (a sequence);
+    ``keep`` the columns an update leaves as they are (written when the row is inserted only,
+    as django-celery-results' ``date_created``)."""
 
     database: tuple[str | None, int | None, str | None, str | None]
     table: tuple[str | None, str]
     columns: tuple[tuple[str, str, Any], ...]
     id: tuple[str, str] | None = None
+    keep: tuple[str, ...] = ()
 
     @staticmethod
     def database_of(url: Any) -> tuple[str | None, int | None, str | None, str | None]:

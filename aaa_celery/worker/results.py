@@ -29,7 +29,9 @@ database of a PostgreSQL store (the same host, port, database and user), Celery'
 with ``finish`` as a row (:class:`~aaa_celery.stores.base.ResultRow`: the backend's own table,
 columns and encoding, made by its own ``_update_result``), and the store writes it in
 ``finish``'s transaction, as the backend would (a stored SUCCESS is kept): one commit for the
-guard's record and Celery's result. Where the store does not write it, Celery writes it itself.
+guard's record and Celery's result. So does django-celery-results' backend (``django-db``) on
+Django's database, when it is the store's: the row of ``TaskResult`` with the fields its
+``_store_result`` writes. Where the store does not write it, Celery writes it itself.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ log = logging.getLogger("aaa_celery.worker")
 _FAST: dict[type, bool] = {}
 _REDIS: dict[type, bool] = {}
 _DATABASE: dict[type, bool] = {}
+_DJANGO_DB: dict[type, bool] = {}
 #: The key-value backends' result write this module stands in for (None: a Celery without it).
 _KV_STORE_RESULT = getattr(BaseKeyValueStoreBackend, "_store_result", None)
 
@@ -108,6 +111,8 @@ def result_copy(task: Any, req: Any) -> Callable[[Any], ResultCopy | None] | Non
         return lambda value: _copy(backend, req, value)
     if _writes_as_database(backend):
         return lambda value: _row_copy(backend, req, value)
+    if _writes_as_django_db(backend):
+        return lambda value: _django_row_copy(backend, req, value)
     return None
 
 
@@ -161,6 +166,78 @@ def _row_copy(backend: Any, req: Any, value: Any) -> ResultCopy | None:
             columns.append((column.name, kind, process(got) if process is not None and got is not None else got))
         return ResultCopy(req.id, "", None, None,
                           row=ResultRow(ResultRow.database_of(url), (table.schema, table.name), tuple(columns), key))
+    except Exception as e:  # noqa: BLE001 - Celery's own write (and its error handling) follows
+        log.debug("aaa: Celery's result of %s left to Celery: %r", req.id, e)
+        return None
+
+
+def _writes_as_django_db(backend: Any) -> bool:
+    """Whether ``backend`` is django-celery-results' database backend (``django-db``) writing
+    a result with its own ``_store_result`` through ``TaskResult``'s manager (the row a store on
+    Django's database may write for it)."""
+    cls = type(backend)
+    fast = _DJANGO_DB.get(cls)
+    if fast is None:
+        try:
+            from django_celery_results.backends.database import (  # type: ignore[import-untyped]  # no py.typed
+                DatabaseBackend as DjangoDatabaseBackend,
+            )
+            from django_celery_results.managers import TaskResultManager
+            from django_celery_results.models import TaskResult
+        except Exception:  # noqa: BLE001 - not installed, or Django not set up: not this backend
+            fast = _DJANGO_DB[cls] = False
+            return fast
+        fast = _DJANGO_DB[cls] = (
+            isinstance(backend, DjangoDatabaseBackend)
+            and backend.TaskModel is TaskResult
+            and getattr(type(TaskResult._default_manager), "store_result", None) is TaskResultManager.store_result
+            and all(getattr(cls, name, None) is getattr(owner, name, False)
+                    for owner, names in ((DjangoDatabaseBackend, ("_store_result", "encode_content",
+                                                                  "_get_extended_properties",
+                                                                  "_get_meta_from_request")),
+                                         (Backend, ("store_result", "mark_as_done")))
+                    for name in names))
+    return fast
+
+
+def _django_row_copy(backend: Any, req: Any, value: Any) -> ResultCopy | None:
+    """Celery's result as django-celery-results writes it (the fields of its ``_store_result``,
+    through its own encoding, ``date_done`` now and ``date_created`` on insert only), on
+    ``TaskResult``'s table in the database Django writes it to; None (Celery writes it) if that
+    database is not PostgreSQL, or making the row raises."""
+    try:
+        from django.db import connections, router
+        from django.utils import timezone
+
+        model = backend.TaskModel
+        conn = connections[router.db_for_write(model)]
+        if conn.vendor != "postgresql":
+            return None
+        result = backend.encode_result(value, states.SUCCESS)
+        content_type, content_encoding, encoded = backend.encode_content(result)
+        _, _, meta = backend.encode_content({**backend._get_meta_from_request(req),
+                                             "children": backend.current_task_children(req)})
+        written = {"task_id": req.id, "status": states.SUCCESS, "result": encoded, "meta": meta,
+                   "content_type": content_type, "content_encoding": content_encoding,
+                   **backend._get_extended_properties(req, None), "traceback": None}
+        now = timezone.now()
+        columns, keep = [], []
+        for field in model._meta.concrete_fields:
+            if getattr(field, "auto_now_add", False):
+                got = now
+                keep.append(field.column)
+            elif getattr(field, "auto_now", False):
+                got = now
+            elif field.attname in written:
+                got = written[field.attname]
+            else:
+                continue  # the primary key (its default), and what the backend does not write
+            columns.append((field.column, field.db_type(conn), field.get_db_prep_save(got, conn)))
+        settings = conn.settings_dict
+        database = (settings.get("HOST") or None, int(settings.get("PORT") or 5432), settings.get("NAME"),
+                    settings.get("USER") or None)
+        return ResultCopy(req.id, "", None, None, row=ResultRow(database, (None, model._meta.db_table),
+                                                                tuple(columns), keep=tuple(keep)))
     except Exception as e:  # noqa: BLE001 - Celery's own write (and its error handling) follows
         log.debug("aaa: Celery's result of %s left to Celery: %r", req.id, e)
         return None

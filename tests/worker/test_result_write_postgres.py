@@ -27,8 +27,10 @@ def db(postgres_url: str) -> Iterator[sa.Engine]:
 
 
 def xmin(db: sa.Engine, table: str, column: str, key: str) -> str | None:
-    """The id of the transaction that wrote the row of ``key`` (None: no row)."""
+    """The id of the transaction that wrote the row of ``key`` (None: no row, or no table yet)."""
     with db.connect() as conn:
+        if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": table}).scalar() is None:
+            return None
         got = conn.execute(sa.text(f"SELECT xmin::text FROM {table} WHERE {column} = :key"), {"key": key}).scalar()
     return got  # type: ignore[no-any-return]
 

@@ -405,7 +405,8 @@ def insert_result_row(row: ResultRow, source: str = "") -> tuple[str, tuple[Any,
         names.append(quoted_name(name))
         values.append(f"%s::{kind}")
         params.append(value)
-    updates = ", ".join(f"{n} = EXCLUDED.{n}" for n in names[1 if row.id is not None else 0:] if n != '"task_id"')
+    kept = {'"task_id"', *(quoted_name(name) for name in row.keep)}
+    updates = ", ".join(f"{n} = EXCLUDED.{n}" for n in names[1 if row.id is not None else 0:] if n not in kept)
     statement = (f"INSERT INTO {quoted_name(*row.table)} AS t ({', '.join(names)}) SELECT {', '.join(values)}"
                  f"{source} ON CONFLICT (task_id) DO UPDATE SET {updates} WHERE t.status IS DISTINCT FROM 'SUCCESS'")
     return statement, tuple(params)
