@@ -1,7 +1,8 @@
 """The benchmarks' Celery app, configured by environment variables.
 
     BENCH_BROKER        broker URL (redis://...)                  required
-    BENCH_BACKEND       result backend URL                        default: none
+    BENCH_BACKEND       result backend URL, or django-db          default: none
+    BENCH_DJANGO_DB     with django-db: Django's PostgreSQL (a libpq URL)
     BENCH_STORE         aaa_store_url                             default: the broker
     BENCH_QUEUE         default queue                             default: bench
     BENCH_PREFETCH      worker_prefetch_multiplier                default: 4 (Celery's)
@@ -26,6 +27,11 @@ from aaa_celery.worker.task import GuardedTask
 from benchmarks.bench_tools import body, registry
 
 BROKER = os.environ.get("BENCH_BROKER", "")
+if os.environ.get("BENCH_BACKEND") == "django-db":  # django-celery-results: Django first
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.django_settings")
+    django.setup()
 app = Celery("bench", broker=BROKER or None, backend=os.environ.get("BENCH_BACKEND") or None,
              set_as_current=True)
 transport: dict[str, float] = {}

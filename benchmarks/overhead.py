@@ -41,6 +41,7 @@ added CPU, the store server's added CPU, and the store round trips (worker + pub
     python benchmarks/overhead.py --store postgresql # one store only: a durable PostgreSQL
     python benchmarks/overhead.py --stores redis,redis-shared   # both Redis topologies
     python benchmarks/overhead.py --store postgresql --results postgresql   # Celery's results in the store's database
+    python benchmarks/overhead.py --store postgresql --results django-db    # django-celery-results there
 """
 
 from __future__ import annotations
@@ -126,23 +127,31 @@ class PostgresStats:
 
 
 class PostgresResults:
-    """Celery's database backend's results, counted and cleared as the Redis results database
-    is (``dbsize``, ``flushdb``): the rows of its ``celery_taskmeta`` table."""
+    """A SQL result backend's results, counted and cleared as the Redis results database is
+    (``dbsize``, ``flushdb``): the rows of its table (Celery's database backend's
+    ``celery_taskmeta``, or django-celery-results' ``django_celery_results_taskresult``)."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, table: str = "celery_taskmeta") -> None:
         import psycopg
 
         self.con = psycopg.connect(libpq_url(url), autocommit=True)
+        self.table = table
 
     def _table(self) -> bool:
-        return bool(self.con.execute("SELECT to_regclass('celery_taskmeta') IS NOT NULL").fetchone()[0])
+        return bool(self.con.execute("SELECT to_regclass(%s) IS NOT NULL", (self.table,)).fetchone()[0])
 
     def dbsize(self) -> int:
-        return int(self.con.execute("SELECT count(*) FROM celery_taskmeta").fetchone()[0]) if self._table() else 0
+        return int(self.con.execute(f"SELECT count(*) FROM {self.table}").fetchone()[0]) if self._table() else 0
 
     def flushdb(self) -> None:
         if self._table():
-            self.con.execute("TRUNCATE celery_taskmeta")
+            self.con.execute(f"TRUNCATE {self.table}")
+
+
+def migrate_django_results(url: str) -> None:
+    """Create django-celery-results' tables on the database ``url`` (``manage.py migrate``)."""
+    env = {**os.environ, "BENCH_DJANGO_DB": url, "DJANGO_SETTINGS_MODULE": "benchmarks.django_settings"}
+    subprocess.run([sys.executable, "-m", "django", "migrate", "-v", "0"], env=env, check=True, timeout=120)
 
 
 def publish(app: Any, variant: str, n: int, tag: str) -> float:
@@ -206,7 +215,10 @@ def run_pool(pool: str, args: argparse.Namespace, env: dict[str, str], logdir: P
     app = bench_app.app
     broker = redis.Redis.from_url(env["BENCH_BROKER"])
     backend = env["BENCH_BACKEND"]
-    results = PostgresResults(backend[3:]) if backend.startswith("db+") else redis.Redis.from_url(backend)
+    if backend == "django-db":
+        results: Any = PostgresResults(env["BENCH_STORE"], "django_celery_results_taskresult")
+    else:
+        results = PostgresResults(backend[3:]) if backend.startswith("db+") else redis.Redis.from_url(backend)
     store = store_stats or redis.Redis.from_url(env["BENCH_STORE_SERVER"])
     shared = env["BENCH_STORE_SERVER"] == env["BENCH_BROKER"]
     with ExitStack() as stack:
@@ -365,8 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--body-ms", type=float, default=0.0,
                     help="every variant's body sleeps this long (a tool waiting on I/O: try 10 and 100); "
                          "default 0, a trivial body")
-    ap.add_argument("--results", default="redis", choices=("redis", "postgresql"),
-                    help="Celery's result backend: redis (a database of the broker's server, the default) or, "
+    ap.add_argument("--results", default="redis", choices=("redis", "postgresql", "django-db"),
+                    help="Celery's result backend: redis (a database of the broker's server, the default), "
+                         "django-db (django-celery-results on the store's database) or, "
                          "with --store postgresql, postgresql: Celery's database backend on the store's database")
     ap.add_argument("--seed", type=int, default=None,
                     help="the rounds' variant order (default: a fresh one, printed and kept in the JSON)")
@@ -397,10 +410,14 @@ def main(argv: list[str] | None = None) -> int:
             store_stats, args.store = PostgresStats(pg), pg.url
         if shared:
             args.store, store_srv = broker_srv.url, broker_srv
-        if args.results == "postgresql" and store_stats is None:
-            raise SystemExit("--results postgresql: with --store postgresql (Celery's results on its database)")
-        backend = f"db+{args.store}" if args.results == "postgresql" else broker_srv.url[:-1] + "1"
-        env = {"BENCH_BROKER": broker_srv.url, "BENCH_BACKEND": backend,
+        if args.results != "redis" and store_stats is None:
+            raise SystemExit(f"--results {args.results}: with --store postgresql (results on its database)")
+        backend = {"postgresql": f"db+{args.store}", "django-db": "django-db"}.get(args.results,
+                                                                                  broker_srv.url[:-1] + "1")
+        if args.results == "django-db":
+            migrate_django_results(libpq_url(args.store))
+        django_db = {"BENCH_DJANGO_DB": libpq_url(args.store)} if args.results == "django-db" else {}
+        env = {**django_db, "BENCH_BROKER": broker_srv.url, "BENCH_BACKEND": backend,
                "BENCH_STORE": args.store or store_srv.url, "BENCH_STORE_SERVER": store_srv.url,
                "BENCH_QUEUE": QUEUE, "BENCH_BODY_MS": str(args.body_ms)}
         os.environ.update(env)  # before bench_app is imported: it reads them
