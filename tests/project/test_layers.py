@@ -49,6 +49,20 @@ def test_importing_the_task_adapter_leaves_celerys_redis_backend_unloaded():
     assert done.returncode == 0, done.stderr
 
 
+def test_the_sql_stores_without_postgresql_load_no_psycopg():
+    """psycopg is the ``postgres`` extra: the SQLite store and the SQL package load without it.
+    ``PostgresStore`` (whose modules import the driver at the top) is imported when asked for."""
+    code = (
+        "import sys\n"
+        "from aaa_celery.stores.sql import SQLiteStore, SQLStore\n"
+        "assert 'psycopg' not in sys.modules, 'psycopg loaded by aaa_celery.stores.sql'\n"
+        "from aaa_celery.stores.sql import PostgresStore\n"
+        "assert PostgresStore.__module__ == 'aaa_celery.stores.sql.postgres'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
 def test_importing_the_pure_modules_loads_no_celery_and_connects_nothing():
     code = (
         "import sys\n"

@@ -32,7 +32,8 @@ from aaa_celery.lifecycle import (
     Stale,
 )
 from aaa_celery.stores import open_store
-from aaa_celery.stores.sql.postgres import PostgresStore, check_session_pinned, key_halves, lock_key
+from aaa_celery.stores.sql.lease_sessions import check_session_pinned, key_halves, lock_key
+from aaa_celery.stores.sql.postgres import PostgresStore
 
 pytestmark = pytest.mark.postgres
 

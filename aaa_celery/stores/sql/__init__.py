@@ -8,9 +8,22 @@ backend, which says what makes a lease live.
 
 from __future__ import annotations
 
-from .postgres import PostgresStore
+from typing import TYPE_CHECKING, Any
+
 from .schema import metadata
 from .sqlite import SQLiteStore
 from .store import SQLStore
 
+if TYPE_CHECKING:
+    from .postgres import PostgresStore
+
 __all__ = ["PostgresStore", "SQLStore", "SQLiteStore", "metadata"]
+
+
+def __getattr__(name: str) -> Any:
+    # PostgreSQL needs psycopg (the ``postgres`` extra): imported when it is asked for
+    if name == "PostgresStore":
+        from .postgres import PostgresStore
+
+        return PostgresStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

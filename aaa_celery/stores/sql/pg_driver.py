@@ -12,7 +12,7 @@ recovery, runs, budgets) keeps SQLAlchemy.
 
 A write transaction (:class:`Transaction`) sends its ``BEGIN`` with the row's ``SELECT ...
 FOR UPDATE``, and its writes with the ``COMMIT``, so an operation on a registered call is
-two round trips. On the lease session (:meth:`.postgres._LeaseSession.transaction`) the
+two round trips. On the lease session (:meth:`.lease_sessions.LeaseSession.transaction`) the
 lease's lock rides before the ``BEGIN`` (``first``) and its unlock after the ``COMMIT``
 (:meth:`Transaction.commit`'s ``then``): still two. Before it, ``begin`` and ``finish``
 try one: a server-side function (:mod:`.pg_functions`) given the writes of a plan made for
@@ -99,7 +99,7 @@ UPSERT_CHECKPOINT = ("INSERT INTO aaa_checkpoints (call_id, checkpoint, saved_at
 #: :func:`.queries.select_event_data`: (event_id).
 SELECT_EVENT_DATA = "SELECT data FROM aaa_events WHERE event_id = %s"
 
-#: The lease session's statements (:class:`~.postgres._LeaseSession`); each also returns the
+#: The lease session's statements (:class:`~.lease_sessions.LeaseSession`); each also returns the
 #: backend pid. Take a lease: (key).
 TRY_LEASE_LOCK = "SELECT pg_try_advisory_lock(%s::bigint), pg_backend_pid()"
 #: Give a lease back: (key).
@@ -369,7 +369,7 @@ def drop(pool: Pool, proxy: PoolProxiedConnection, error: BaseException) -> None
 # autocommitted statement: it locks the call's row, compares it with the state the plan was
 # made for, and makes the plan's writes only if it matches. The reply says which; a call in
 # another state wrote nothing, and is planned again from its row, in a transaction of its own
-# (:meth:`.postgres._LeaseSession.transaction`).
+# (:meth:`.lease_sessions.LeaseSession.transaction`).
 
 #: :func:`.pg_functions.BEGIN_PLANNED`'s call: (key, call_id, spec JSON or None, name, key,
 #: no request, spec JSON to register with or None, now; attempt, token, worker, hint; the

@@ -2,14 +2,14 @@
 
 A lease is a session-level advisory lock, ``pg_try_advisory_lock(key)`` with
 ``key`` a stable 64-bit hash of the call id, taken on one of the store's few lease
-sessions: autocommit connections, kept out of the pool (:class:`_LeaseSession`). A claim
+sessions: autocommit connections, kept out of the pool (:class:`.lease_sessions.LeaseSession`). A claim
 goes to a session that no other thread is using and that holds fewer than
-``_LeaseSessions.CAP`` (1,000) leases, another is opened when none is, up to
-``lease_sessions`` (8) (:class:`_LeaseSessions`), and the lease stays on it: a statement on a
+``LeaseSessions.CAP`` (1,000) leases, another is opened when none is, up to
+``lease_sessions`` (8) (:class:`.lease_sessions.LeaseSessions`), and the lease stays on it: a statement on a
 session costs more the more locks it holds (PostgreSQL walks the backend's lock table at
 each transaction end), and threads on one session would queue. A one-thread process (a
 prefork child) uses one session until it holds the cap. ``begin`` and ``finish`` run on
-the lease's session too (:meth:`_LeaseSession.transaction`),
+the lease's session too (:meth:`.lease_sessions.LeaseSession.transaction`),
 in one round trip when the call is in the state they expect (as the Redis scripts
 do): Python plans with :mod:`~aaa_celery.lifecycle` for a call's first delivery
 (``begin``; a call nobody registered is registered by the function first) or for this
@@ -57,7 +57,7 @@ under ``SELECT ... FOR UPDATE``, so the attempt number is a real fence.
 Session locks do not survive a transaction-pooling proxy (PgBouncer in
 ``transaction`` mode, Supavisor on 6543): the lock stays on a server connection
 that other clients then borrow. The store refuses to run when it sees its
-session change between transactions (:func:`check_session_pinned` at open, and
+session change between transactions (:func:`.lease_sessions.check_session_pinned` at open, and
 the backend pid every statement on a lease session returns) and raises :class:`~aaa_celery.errors.UnsafeDeployment`.
 Connect directly, or through a session-mode pool.
 
@@ -68,14 +68,13 @@ with any other advisory locks that an application takes.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-from collections import OrderedDict
 import threading
+from collections import OrderedDict
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import event, exc
@@ -83,17 +82,28 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Row
 
 from ...config import GuardConfig
-from ...errors import ConfigError, StoreUnavailable, UnsafeDeployment
+from ...errors import ConfigError, StoreUnavailable
 from ...lifecycle import (Accepted, BeginResult, CallSpec, CallState, Claimed, FinishResult, Lease, Outcome, Writes,
                           plan_finish, spec_rank, sweep_hint)
 from .._writes import apply
 from ..base import ResultCopy, ResultRow, new_token, wrap_errors
-from .runs import SQLRuns
 from . import versions
+from .lease_sessions import LeaseSessions, check_session_pinned, key_halves, lock_key
+from .pg_driver import (
+    BEGIN_PLANNED,
+    CONNECTION_ERRORS,
+    FINISH_PLANNED,
+    INSERT_NEW_CALL,
+    Planned,
+    autocommit,
+    dumps,
+    finish_planned_with_row,
+    insert_result_row,
+    quoted_name,
+    transaction,
+)
+from .runs import SQLRuns
 from .store import SQLStore, _outcome, call_state, lapsed_event
-
-if TYPE_CHECKING:
-    from .pg_driver import Planned
 
 _DRIVER_ERRORS = (exc.OperationalError, exc.InterfaceError)
 
@@ -109,8 +119,6 @@ DEFAULT_CONNECT_ARGS: dict[str, Any] = {
 
 # -- Statements -------------------------------------------------------------------------
 
-#: The server process behind this connection.
-BACKEND_PID = sa.text("SELECT pg_backend_pid()")
 
 #: Does backend ``pid`` hold the lease lock of the call, and does
 #: the call's row still name ``token`` as its lease?
@@ -155,449 +163,6 @@ SCHEMA_LOCK_SPACE = int.from_bytes(hashlib.blake2b(b"aaa_celery:schema", digest_
 DB_CLOCK = sa.text("SELECT extract(epoch FROM clock_timestamp())")
 
 
-def lock_key(call_id: str) -> int:
-    """The advisory lock key of a call: a stable signed 64-bit hash of its id."""
-    return int.from_bytes(hashlib.blake2b(call_id.encode(), digest_size=8).digest(), "big", signed=True)
-
-
-def key_halves(key: int) -> tuple[int, int]:
-    """How ``pg_locks`` shows a bigint advisory key: (``classid``, ``objid``)."""
-    unsigned = key & 0xFFFF_FFFF_FFFF_FFFF
-    return unsigned >> 32, unsigned & 0xFFFF_FFFF
-
-
-def check_session_pinned(conn: Connection, probes: int = 3) -> None:
-    """Raise UnsafeDeployment if ``conn``'s server session changes between transactions.
-
-    A transaction-pooling proxy hands each transaction to any server connection,
-    so the backend pid moves; session-level advisory locks cannot work there.
-    The check is best effort: an idle proxy may hand back the same server
-    connection, which is why :meth:`PostgresStore.begin` repeats it at each claim.
-    """
-    pids = []
-    for _ in range(probes):
-        pids.append(conn.execute(BACKEND_PID).scalar_one())
-        conn.commit()
-    if len(set(pids)) > 1:
-        raise _pooled(pids)
-
-
-def _pooled(pids: Sequence[int]) -> UnsafeDeployment:
-    return UnsafeDeployment(
-        "postgresql store: the database session changed between transactions on one connection "
-        f"(backend pids {sorted(set(pids))}). This is a transaction-pooling proxy (e.g. PgBouncer "
-        "pool_mode=transaction): the session-level advisory locks that hold leases break there. "
-        "Connect to PostgreSQL directly or through a session-mode pool.",
-        pids=list(pids),
-    )
-
-
-#: How a transaction on the lease session plans: ``(tx, row, spec, got, lease_token, now)`` to
-#: (the reply, whether the session keeps the lock); the writes are queued on ``tx``.
-Decide = Callable[[Any, Any, CallSpec, bool, str, float], tuple[Any, bool]]
-
-#: How an operation plans for the state it expects the call in: ``(lease_token, now)`` to (the
-#: reply, and the server-side function's call that compares the row with that state and makes
-#: the writes: its statement and its parameters after the lock key), or None if it has no such
-#: plan.
-Plan = Callable[[str, float], tuple[Any, tuple[str, tuple[Any, ...]]] | None]
-
-
-class _LeaseSession:
-    """One database session that holds leases of this store (one of :class:`_LeaseSessions`):
-    an autocommit connection kept out of the pool, on which each lease is a session-level
-    advisory lock.
-
-    A claim costs one statement here (no connection opened per call; with
-    :meth:`transaction`, none of its own: it rides in the claim's first query) and N running
-    calls need a few server backends, not N. Threads take turns on it (:attr:`lock`); one
-    that finds it busy tries another session. The keys it
-    holds are kept in :attr:`keys` (key -> lease token): advisory locks are re-entrant
-    within a session, so a second delivery of a running call in the same process must
-    read as busy here (:attr:`held`: a key any session of the store holds), before the
-    server would grant the lock a second time.
-
-    A session that fails is dropped with every lock it held; the next claim opens another.
-    Each statement also returns ``pg_backend_pid()``: a pid that changes on one connection is
-    a transaction-pooling proxy, refused with :class:`~aaa_celery.errors.UnsafeDeployment`.
-    """
-
-    def __init__(self, engine: sa.Engine, errors: tuple[type[BaseException], ...],
-                 held: Callable[[int], bool] | None = None) -> None:
-        self.engine = engine
-        #: Whether any lease session of the store holds a key (:meth:`_LeaseSessions.held`):
-        #: a key held by another session of this process is busy here too, never locked twice.
-        self.held: Callable[[int], bool] = held or self.keys_has
-        #: What a failed statement on the session raises (SQLAlchemy's or the driver's errors).
-        self.errors = errors
-        self.lock = threading.Lock()
-        self.conn: Connection | None = None
-        self.pid: int | None = None
-        self.keys: dict[int, str] = {}
-        #: Whether :meth:`_fast` may call the server-side functions (False: this session found
-        #: the database without them).
-        self.planned = True
-
-    def keys_has(self, key: int) -> bool:
-        return key in self.keys
-
-    def _open(self) -> Connection:
-        if self.conn is None:
-            conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-            try:
-                self.pid = conn.execute(BACKEND_PID).scalar_one()
-            except BaseException:
-                conn.invalidate()
-                conn.close()
-                raise
-            self.conn = conn
-        return self.conn
-
-    def _driver(self) -> Any:
-        """The session's psycopg connection (opened if needed)."""
-        return self._open().connection.driver_connection
-
-    def _drop(self) -> None:
-        """Forget the session (broken, or its server session ended): its locks are gone."""
-        conn, self.conn, self.pid = self.conn, None, None
-        self.keys.clear()
-        self.planned = True
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.invalidate()
-            with contextlib.suppress(Exception):
-                conn.close()
-
-    def _run(self, statement: str, params: tuple[Any, ...]) -> Any:
-        """Run one statement of :mod:`.pg_driver` that also returns the backend pid, on the
-        driver (prepared); check the session did not move; return its answer."""
-        from .pg_driver import session_run
-
-        answer, pid = session_run(self._driver(), statement, params)
-        self._check(pid)
-        return answer
-
-    def try_lock(self, key: int, token: str) -> tuple[bool, str]:
-        """Take ``key`` if no session holds it: (got it, the lease token ``<pid>.<token>``,
-        with this session's backend pid). A key this session holds already is busy."""
-        from .pg_driver import SESSION_PID, TRY_LEASE_LOCK
-
-        with self.lock:
-            if self.held(key):  # held by this process, if the session still lives
-                try:
-                    self._run(SESSION_PID, ())
-                    return False, f"{self.pid}.{token}"
-                except self.errors:
-                    self._drop()
-            for retry in (True, False):
-                try:
-                    got = self._run(TRY_LEASE_LOCK, (key,))
-                    break
-                except self.errors:
-                    self._drop()  # a failed session held no lock of ours any more: retry once on a new one
-                    if not retry:
-                        raise
-            lease_token = f"{self.pid}.{token}"
-            if got:
-                self.keys[key] = lease_token
-            return bool(got), lease_token
-
-    def transaction(self, key: int, token: str, call: CallSpec, clock: Callable[[], float], decide: Decide, *,
-                    take: bool, fast: Plan | None = None) -> Any:
-        """One operation's write transaction on this session: a begin's only if the session is
-        free (else None: the caller tries another session or a pooled connection, so that
-        threads do not queue here); a finish waits for it.
-
-        ``take`` (``begin``): try the lock of ``key`` in the transaction's first query, as
-        ``SELECT pg_try_advisory_lock(key), pg_backend_pid(); BEGIN; SELECT ... FOR UPDATE``;
-        ``decide(tx, row, spec, got, lease_token, now)`` plans and queues the writes and says
-        whether the lock is kept; the writes go with the ``COMMIT``, and with them the unlock
-        of a lock not kept. Else (``finish``): only if this session holds ``key`` for
-        ``token``; the transaction's ``COMMIT`` query gives the lock back. Two round trips.
-
-        A session that fails is dropped (its locks with it), retried once if it failed at
-        the first query (which writes nothing). Any other failure rolls back and gives back
-        the lock, except a finish's lock when the store is unreachable (``SQLStore.finish``'s
-        rule: the lease lives on while the caller retries).
-
-        ``fast`` first tries the operation in one round trip (:meth:`_fast`): only if that
-        finds the call in another state than ``fast`` planned for does the transaction
-        above run (the lock a begin took there kept)."""
-        # A finish waits: on a pooled connection it would take two round trips more and then
-        # wait for this session all the same, to give the lock back.
-        if not self.lock.acquire(blocking=not take):
-            return None
-        try:
-            if not take and self.keys.get(key) != token:
-                return None
-            now, got = clock(), None
-            if fast is not None and not (take and self.held(key)):
-                tried = self._fast(key, token, call.call_id, now, take, fast)
-                if tried is not None:
-                    ok, reply, got = tried
-                    if ok:
-                        return reply
-            return self._transaction(key, token, call, now, decide, take, got if take else None)
-        finally:
-            self.lock.release()
-
-    def _fast(self, key: int, token: str, call_id: str, now: float, take: bool,
-              fast: Plan) -> tuple[bool, Any, bool] | None:
-        """The operation as one statement: the server-side function (:mod:`.pg_functions`)
-        that (takes a begin's lock,) locks the row, compares it with the state ``fast`` planned
-        for, and makes the plan's writes only if it matches (, and gives a finish's lock back).
-        (Whether it matched, the plan's reply, whether a begin's lock was granted), or None if
-        ``fast`` has no plan to send this way, the database lacks the functions (not migrated
-        to ``0004``: remembered for this session), or the session failed (dropped, with its
-        locks: the transaction runs on a new one; a claim that landed is claimed again by its
-        token)."""
-        from .pg_driver import UNDEFINED_FUNCTION, fetch_prepared
-
-        if not self.planned:
-            return None
-        try:
-            driver = self._driver()
-        except BaseException:
-            self._drop()
-            return None
-        lease_token = f"{self.pid}.{token}" if take else token
-        planned = fast(lease_token, now)
-        if planned is None:
-            return None
-        reply, (statement, params) = planned
-        try:
-            row = fetch_prepared(driver, statement, (key, *params))
-            assert row is not None  # a function's call: one row
-        except UNDEFINED_FUNCTION:
-            self.planned = False  # autocommitted: the failed statement took no lock
-            return None
-        except BaseException as e:
-            if self._broken():
-                self._drop()
-                return None
-            self._failed(e, key, take, took=take)
-            raise
-        granted, ok, pid = row if take else (None, *row)
-        self._check(pid)
-        if ok and take:
-            self.keys[key] = lease_token
-        elif ok:
-            self.keys.pop(key, None)
-        return bool(ok), reply, bool(granted)
-
-    def _transaction(self, key: int, token: str, call: CallSpec, now: float, decide: Decide, take: bool,
-                     got: bool | None) -> Any:
-        """:meth:`transaction`'s two round trips; ``got``: whether a begin holds the lock
-        already (None: take it in the first query)."""
-        from .pg_driver import RELEASE_LEASE_LOCK, SESSION_PID, TRY_LEASE_LOCK, Transaction
-
-        for retry in (True, False):
-            here = take and self.held(key)  # a begin of a call this process holds: busy, no lock taken
-            first = None if not take or got is not None else (SESSION_PID, ()) if here else (TRY_LEASE_LOCK, (key,))
-            try:
-                tx = Transaction(self._driver(), first)
-                row, spec = tx.lock_call(call, now)
-                break
-            except BaseException as e:
-                if self._broken() and retry:
-                    self._drop()  # a failed session held no lock of ours any more: once more on a new one
-                    got = None
-                    continue
-                # the lock may have been granted (or was, before this transaction)
-                self._failed(e, key, take, took=take and not here if got is None else got)
-                raise
-        if first is not None:
-            answer, pid = tx.first
-            self._check(pid)
-        if got is None:
-            got = take and not here and bool(answer)
-        lease_token = f"{self.pid}.{token}" if take else token
-        try:
-            reply, keep = decide(tx, row, spec, got, lease_token, now)
-            # a finish lets go of a lock still held (not if its session ended, and a new one took over)
-            let_go = got and not keep or not take and key in self.keys
-            unlocked = tx.commit((RELEASE_LEASE_LOCK, (key,)) if let_go else None)
-        except BaseException as e:
-            self._failed(e, key, take, took=got)
-            raise
-        if let_go:
-            self._check(unlocked[1])
-            if not take:
-                self.keys.pop(key, None)
-        elif got:
-            self.keys[key] = lease_token
-        return reply
-
-    def _failed(self, error: BaseException, key: int, take: bool, took: bool) -> None:
-        """After a failed transaction: roll back, and give the lock of ``key`` back if a begin
-        ``took`` it, or if a finish failed otherwise than by the store being unreachable."""
-        from .pg_driver import CONNECTION_ERRORS
-
-        release = took if take else not isinstance(error, CONNECTION_ERRORS)
-        self._abort(key if release else None)
-        if release and not take:
-            self.keys.pop(key, None)
-
-    def _broken(self) -> bool:
-        conn = self.conn
-        driver = None if conn is None else conn.connection.driver_connection
-        return driver is None or bool(driver.broken or driver.closed)
-
-    def _check(self, pid: int) -> None:
-        """Refuse a session that moved (a transaction-pooling proxy)."""
-        if pid != self.pid:
-            pids = [self.pid or 0, pid]
-            self._drop()
-            raise _pooled(pids)
-
-    def _abort(self, key: int | None) -> None:
-        """Roll the session's transaction back and give ``key`` back (if not None and held);
-        a session that cannot is dropped, with its locks."""
-        from .pg_driver import RELEASE_LEASE_LOCK
-
-        if self._broken():
-            self._drop()
-            return
-        try:
-            self._driver().execute("ROLLBACK")
-            if key is not None:
-                self._run(RELEASE_LEASE_LOCK, (key,))
-        except BaseException:
-            self._drop()
-
-    def unlock(self, key: int, token: str) -> None:
-        """Give ``key`` back if this session holds it for ``token``."""
-        from .pg_driver import RELEASE_LEASE_LOCK
-
-        with self.lock:
-            if self.keys.get(key) != token:
-                return  # not ours, or gone with a session that ended
-            del self.keys[key]
-            try:
-                self._run(RELEASE_LEASE_LOCK, (key,))
-            except self.errors:
-                self._drop()  # its session is gone, and the lock with it
-
-    def holds(self, key: int, call_id: str, token: str, hint: float) -> bool:
-        """Whether this session still holds ``key`` for ``token``, and the call's row still
-        names ``token``: the session answers (with its pid, :data:`.pg_driver.RENEW_OWN_LEASE`),
-        and moves the row's sweep hint on to ``hint`` if it does."""
-        from .pg_driver import RENEW_OWN_LEASE
-
-        with self.lock:
-            if self.keys.get(key) != token:
-                return False
-            try:
-                return bool(self._run(RENEW_OWN_LEASE, (hint, call_id, token, call_id, token)))
-            except self.errors:
-                self._drop()
-                return False
-
-    def close(self) -> None:
-        """End the session, which frees every lock it holds."""
-        with self.lock:
-            self._drop()
-
-
-class _LeaseSessions:
-    """The store's few lease sessions (:class:`_LeaseSession`), over which its leases spread.
-
-    PostgreSQL walks a backend's whole local lock table at the end of every transaction, so a
-    statement on a session costs more the more advisory locks it holds (a prepared ``SELECT 1``:
-    61 us with none, 378 us with 10,000), and threads that share one session queue on it. A new
-    claim goes to the first session that is free now and holds fewer than :attr:`CAP` leases;
-    when none is, another session is opened, up to ``most``; past that, the least loaded free
-    one takes it. Only when all are busy and there are ``most`` does it take the pooled path
-    (counted in :attr:`fallbacks`). A one-thread process (a prefork child) keeps using its
-    first session until that holds :attr:`CAP`.
-
-    A lease stays on the session that took it: ``finish``, ``renew`` and the unlock find that
-    session by the key it holds for the lease's token (at most ``most`` dictionaries looked
-    at; a dropped session forgot only its own keys). A key held by any session of the store
-    reads as busy on every one (:meth:`held`): advisory locks are re-entrant only within one
-    session, and the server refuses a key another session holds.
-    """
-
-    #: How many leases a session takes before new claims go to another one.
-    CAP = 1000
-
-    def __init__(self, engine: sa.Engine, errors: tuple[type[BaseException], ...], most: int) -> None:
-        self.engine, self.errors, self.most = engine, errors, most
-        self.sessions: list[_LeaseSession] = [self._new()]
-        self._grow = threading.Lock()
-        #: How many ``begin`` calls found no free session, and ``finish`` calls no session
-        #: holding their lease, and took the pooled path.
-        self.fallbacks = 0
-
-    def _new(self) -> _LeaseSession:
-        return _LeaseSession(self.engine, self.errors, self.held)
-
-    def held(self, key: int) -> bool:
-        """Whether any session of the store holds ``key``."""
-        return any(key in s.keys for s in self.sessions)
-
-    def holder(self, key: int, token: str) -> _LeaseSession | None:
-        """The session that holds ``key`` for ``token``, if any."""
-        for s in self.sessions:
-            if s.keys.get(key) == token:
-                return s
-        return None
-
-    def _opened(self) -> _LeaseSession | None:
-        """A new session, if fewer than ``most`` are open."""
-        with self._grow:
-            if len(self.sessions) >= self.most:
-                return None
-            session = self._new()
-            self.sessions = [*self.sessions, session]
-            return session
-
-    def transaction(self, key: int, token: str, call: CallSpec, clock: Callable[[], float], decide: Decide, *,
-                    take: bool, fast: Plan | None = None) -> Any:
-        """:meth:`_LeaseSession.transaction` on the session that holds the lease (``finish``,
-        waiting for it), or (``begin``) on a free one under :attr:`CAP`, else a new one, else
-        the least loaded free one; None when there is none (the caller takes the pooled path)."""
-        if not take:
-            session = self.holder(key, token)
-            done = None if session is None else session.transaction(key, token, call, clock, decide, take=False,
-                                                                     fast=fast)
-        else:
-            done = None
-            for under_cap in (True, False):
-                # over the cap with every session open: the least loaded first
-                for session in self.sessions if under_cap else sorted(self.sessions, key=lambda s: len(s.keys)):
-                    if under_cap and len(session.keys) >= self.CAP:
-                        continue
-                    done = session.transaction(key, token, call, clock, decide, take=True, fast=fast)
-                    if done is not None:
-                        return done
-                if under_cap and (session := self._opened()) is not None:
-                    done = session.transaction(key, token, call, clock, decide, take=True, fast=fast)
-                    if done is not None:
-                        return done
-        if done is None:
-            self.fallbacks += 1
-        return done
-
-    def try_lock(self, key: int, token: str) -> tuple[bool, str]:
-        """:meth:`_LeaseSession.try_lock` on the session holding the fewest leases (waiting for it)."""
-        return min(self.sessions, key=lambda s: len(s.keys)).try_lock(key, token)
-
-    def unlock(self, key: int, token: str) -> None:
-        session = self.holder(key, token)
-        if session is not None:
-            session.unlock(key, token)
-
-    def holds(self, key: int, call_id: str, token: str, hint: float) -> bool | None:
-        """:meth:`_LeaseSession.holds` on the session holding ``key`` for ``token`` (None: none does)."""
-        session = self.holder(key, token)
-        return None if session is None else session.holds(key, call_id, token, hint)
-
-    def close(self) -> None:
-        """End every session, which frees every lock they hold."""
-        for session in self.sessions:
-            session.close()
-
 
 def ping_if_idle(engine: sa.Engine, idle_s: float) -> None:
     """Ping a pooled connection before handing it out only if it sat unused over ``idle_s``,
@@ -640,7 +205,7 @@ class PostgresStore(SQLRuns, SQLStore):
             long, which frees a frozen holder's lease (PostgreSQL 14+).
         engine_options: more :func:`sqlalchemy.create_engine` options (``pool_size`` ...).
         lease_sessions: the most lease sessions (server backends, kept out of the pool) the
-            process spreads its leases over (:class:`_LeaseSessions`); default 8, one per
+            process spreads its leases over (:class:`LeaseSessions`); default 8, one per
             thread of an 8-thread pool. ``1`` keeps every lease on one session.
         create_schema: create the tables and functions of an empty database at open (the
             default); ``False`` opens it as it is (``celery aaa migrate --check`` only reads).
@@ -682,14 +247,13 @@ class PostgresStore(SQLRuns, SQLStore):
         self._result_tables: dict[tuple[str | None, str], tuple[frozenset[str], float]] = {}
         super().__init__(sa.create_engine(_engine_url(url), connect_args=args, **options), clock or self._db_clock)
         ping_if_idle(self.engine, self.PING_IDLE_S)
-        from .pg_driver import CONNECTION_ERRORS
 
         #: What wrap_errors turns into StoreUnavailable: SQLAlchemy's and the driver's errors.
         self._errors = (*_DRIVER_ERRORS, *CONNECTION_ERRORS)
         if not isinstance(lease_sessions, int) or isinstance(lease_sessions, bool) or lease_sessions < 1:
             raise ConfigError(f"postgresql store: lease_sessions must be an int of at least 1, not {lease_sessions!r}: "
                               "the most lease sessions a process opens (default 8; 1 keeps every lease on one)")
-        self._sessions = _LeaseSessions(self.engine, (exc.DBAPIError, psycopg.Error), lease_sessions)
+        self._sessions = LeaseSessions(self.engine, (exc.DBAPIError, psycopg.Error), lease_sessions)
         with wrap_errors(self.kind, *self._errors):
             with self.engine.connect() as conn:
                 check_session_pinned(conn)
@@ -789,7 +353,6 @@ class PostgresStore(SQLRuns, SQLStore):
         driver for a new call. A pooled connection that turns out dead (pinged only after
         :attr:`PING_IDLE_S` unused) is retried once on a new one: the insert is idempotent,
         and a call sent unregistered could not be recovered if its message were lost."""
-        from .pg_driver import CONNECTION_ERRORS, INSERT_NEW_CALL, autocommit, dumps
 
         now = self.now()
         for retry in (True, False):
@@ -809,18 +372,16 @@ class PostgresStore(SQLRuns, SQLStore):
     @contextmanager
     def _transaction(self) -> Iterator[Any]:
         """A write transaction on the driver (:class:`.pg_driver.Transaction`), one pipeline."""
-        from .pg_driver import transaction
 
         with wrap_errors(self.kind, *self._errors), transaction(self.engine.pool, self.engine.raw_connection()) as tx:
             yield tx
 
     def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
-        """Decide a delivery. On a free lease session (:meth:`_LeaseSessions.transaction`) in one
-        statement if the call is as planned (:meth:`_LeaseSession._fast`), else the lock
+        """Decide a delivery. On a free lease session (:meth:`LeaseSessions.transaction`) in one
+        statement if the call is as planned (:meth:`LeaseSession._fast`), else the lock
         and the row travel in one query and the writes, with the unlock of a lock not kept,
-        in the ``COMMIT``'s (:meth:`_LeaseSession.transaction`); else the lock is taken on the
+        in the ``COMMIT``'s (:meth:`LeaseSession.transaction`); else the lock is taken on the
         session and the row written on a pooled connection."""
-        from .pg_driver import BEGIN_PLANNED, dumps
 
         key, token = lock_key(call.call_id), token or new_token()
 
@@ -880,7 +441,6 @@ class PostgresStore(SQLRuns, SQLStore):
         """``writes`` as the server-side function of ``begin`` (else ``finish``) takes them
         (:class:`.pg_driver.Planned`, with the plan's ``reply``), or None for writes it does
         not make."""
-        from .pg_driver import Planned
 
         if not Planned.takes(writes, begin):
             return None
@@ -909,7 +469,6 @@ class PostgresStore(SQLRuns, SQLStore):
         the lease, the transaction runs there (after any other thread's statement on it) and
         gives the lock back in the same step; else on a pooled connection."""
 
-        from .pg_driver import FINISH_PLANNED, finish_planned_with_row, insert_result_row
 
         name = self._recall(lease.call_id)
         result_row = self._result_row(copy) if outcome.ok else None
@@ -964,7 +523,6 @@ class PostgresStore(SQLRuns, SQLStore):
             return None
         known = self._result_tables.get(row.table)
         if known is None or (not known[0] and time.monotonic() - known[1] > self.RESULT_TABLE_RECHECK_S):
-            from .pg_driver import quoted_name
 
             with wrap_errors(self.kind, *self._errors), self._read() as conn:
                 names = conn.execute(sa.text(
