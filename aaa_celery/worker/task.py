@@ -14,14 +14,14 @@ import threading
 from typing import TYPE_CHECKING, Any, cast
 
 from celery import Task
-from celery.exceptions import Ignore, Reject
+from celery.exceptions import Ignore, Reject, Retry
 from celery.result import AsyncResult
 
 from ..context import ToolContext
 from ..errors import ForeignCall, PolicyDenied, StoreError, StoreUnavailable
 from ..guard import Dropped, GuardRunner, HandBack, SlotBusy, run_unguarded, wait_s
 from ..lifecycle import CallSpec, Slot
-from ..protocol import RUN_HEADER, TENANT_HEADER, check_call
+from ..protocol import RUN_HEADER, TENANT_HEADER, WAITS_HEADER, check_call
 from ..stores.base import CallStore
 from . import calls, publish, registering
 from .codec import result_codec, stored_arguments
@@ -149,7 +149,7 @@ class GuardedTask(GuardOptions, _Task):
         except Dropped:
             raise Ignore() from None  # acked without a result: the call lives on in the store
         except SlotBusy as e:
-            raise self._wait(runner.slot, e) from None
+            raise self._wait(runner.slot, e, args, kwargs) from None
         except HandBack as e:
             if req.is_eager:  # no broker to hand it back to: the caller sees the store trouble
                 raise StoreUnavailable(f"{e.reason}; an eager call is not tried again") from None
@@ -178,18 +178,27 @@ class GuardedTask(GuardOptions, _Task):
                 raise Reject(f"aaa store unavailable while refusing the call: {e}", requeue=True) from None
             raise
 
-    def _wait(self, slot: Slot | None, busy: SlotBusy) -> BaseException:
+    def _wait(self, slot: Slot | None, busy: SlotBusy, args: tuple[Any, ...], kwargs: dict[str, Any]) -> BaseException:
         """Every slot of the call's key is held (``on_busy="wait"``): the message goes back to
-        the broker as a retry with a countdown that backs off (``guard.wait_s``), so no worker
-        process waits and the store is not polled; the call keeps its id."""
+        the broker, as Celery's ``retry`` sends it, with a countdown that backs off
+        (``guard.wait_s``), so no worker process waits and the store is not polled. The call
+        keeps its id; Celery's ``retries`` stays the task's own (the waits are counted in a
+        header of their own), so a task's ``max_retries`` is not spent on waiting."""
         req = self.request
         if req.is_eager:  # no broker to come back through
             return PolicyDenied(f"{self.name}: {busy.reason}; an eager call does not wait",
                                 rule=slot.rule if slot else None)
-        countdown = wait_s(req.retries or 0, self.guard_config.lease_ttl_s)
+        waits = int(getattr(req, WAITS_HEADER, None) or 0)
+        countdown = wait_s(waits, self.guard_config.lease_ttl_s)
+        headers = {**(req.headers or {}), **calls.aaa_headers(req), WAITS_HEADER: waits + 1}
+        sig = self.signature_from_request(req, args, kwargs, countdown=countdown, headers=headers)
         log.info("aaa: %s waits %.1f s for a slot of %s (held by %s)", req.id, countdown,
                  slot.rule if slot else "?", ", ".join(busy.holders[:3]))
-        return self.retry(countdown=countdown, max_retries=None)  # raises Retry
+        try:
+            sig.apply_async()  # registered with its new message, as a retry is
+        except Exception as e:  # noqa: BLE001 - not sent: the message itself goes back
+            return Reject(f"could not send the call's wait for a slot: {e!r}", requeue=True)
+        return Retry(f"waiting {countdown:.1f} s for a slot of {slot.rule if slot else '?'}", when=countdown, sig=sig)
 
     def replace(self, sig: Any) -> Any:
         """``Task.replace``: the replacement's message becomes the call's, and this attempt
