@@ -124,3 +124,40 @@ def test_a_holder_frozen_past_its_ttl_loses_its_slot_and_is_fenced_when_thawed(f
     assert not [a for a in f.ledger.entries(frozen_call.id, "after") if a["attempt"] == frozen_start["attempt"]]
     # two bodies never ran under valid leases: the completed bodies never exceed the limit
     assert most_at_once(f, [r.id for r in [*first, *later]], completed_only=True)[0] <= 2
+
+
+def test_a_unique_task_on_a_beat_like_schedule_never_overlaps_and_runs_again_after_a_kill(fleet):
+    """``unique=True``: a tick every 2 s of a 5 s task. A tick that finds the last one running
+    is skipped with its outcome; the holder killed (-9) mid-run, a later tick runs."""
+    f = fleet(size=3, concurrency=2, TTL=TTL)
+    task = f.client.tasks["fleet.unique"]
+    ticks = []
+
+    def tick() -> None:
+        ticks.append((time.time(), task.delay(0, 5)))
+
+    for _ in range(5):  # 10 s of schedule
+        tick()
+        time.sleep(2)
+    ran = [r for _, r in ticks if f.ledger.entries(r.id, "start")]
+    assert ran, "no tick ran"
+    holder = wait_for(lambda: [e for _, r in ticks for e in f.ledger.entries(r.id, "start")
+                               if not f.ledger.entries(r.id, "after")], 10, "a running tick")[0]
+    killed_at = time.time()
+    kill_child(f.worker_of(holder["pid"]), holder["pid"])
+    later = None
+    deadline = time.monotonic() + 30
+    while later is None and time.monotonic() < deadline:
+        tick()
+        time.sleep(2)
+        later = next((f.ledger.entries(r.id, "start")[0] for at, r in ticks
+                      if at > killed_at and f.ledger.entries(r.id, "start")), None)
+    assert later is not None, "no tick ran after the holder was killed"
+    print(f"unique: the first tick after kill -9 started {later['at'] - killed_at:.1f} s after it")
+    # never two at once; every tick either ran or was skipped with its outcome
+    ids = [r.id for _, r in ticks]
+    assert most_at_once(f, ids, killed=killed_at)[0] == 1
+    for _, r in ticks[:-2]:  # the last ticks may still be queued
+        if not f.ledger.entries(r.id, "start"):
+            outcome = wait_for(lambda r=r: f.store.result(r.id), 20, "a skipped tick's outcome")
+            assert outcome.error == "CallSkipped" and "'unique'" in outcome.message
