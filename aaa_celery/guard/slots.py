@@ -25,8 +25,9 @@ def wait_s(tries: int, lease_ttl_s: float, rand: random.Random | None = None) ->
     backoff from :data:`FIRST_WAIT_S` up to ``lease_ttl_s`` (at most 60 s), with jitter (half
     to all of it), so waiting calls do not all come back at once."""
     longest = max(FIRST_WAIT_S, min(lease_ttl_s, 60.0))
-    full = min(longest, FIRST_WAIT_S * 2 ** min(tries, 16))
-    return full * (0.5 + 0.5 * (rand or random).random())
+    full = min(longest, FIRST_WAIT_S * 2.0 ** min(tries, 16))
+    draw = rand.random() if rand is not None else random.random()
+    return full * (0.5 + 0.5 * draw)
 
 
 class SlotHeld:

@@ -198,7 +198,7 @@ class GuardedTask(GuardOptions, _Task):
             sig.apply_async()  # registered with its new message, as a retry is
         except Exception as e:  # noqa: BLE001 - not sent: the message itself goes back
             return Reject(f"could not send the call's wait for a slot: {e!r}", requeue=True)
-        return Retry(f"waiting {countdown:.1f} s for a slot of {slot.rule if slot else '?'}", when=countdown, sig=sig)
+        return Retry(f"waiting {countdown:.1f} s for a slot of {slot.rule if slot else '?'}", when=cast(Any, countdown), sig=sig)
 
     def replace(self, sig: Any) -> Any:
         """``Task.replace``: the replacement's message becomes the call's, and this attempt
