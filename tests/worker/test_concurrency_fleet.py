@@ -3,7 +3,9 @@ Redis (broker, store and effect ledger), with ``Concurrency(key="shop", limit=2)
 (``fleet.limited_wait``, ``fleet.limited_skip``: tests/worker/fleet_app.py).
 
 What ran is read from the effect ledger (``start`` and ``after`` around each body, stamped
-with the Redis server's clock), never from the guard's own store."""
+with the Redis server's clock), never from the guard's own store. One fleet serves every test
+of the module (each test has keys of its own; a worker killed or frozen lives on): the
+module's CI cost is about one fleet's start and stop, and its scenarios."""
 
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import pytest
 from aaa_celery.errors import CallSkipped
 from aaa_celery.lifecycle import FENCED, SLOT_GRACE_S
 from aaa_celery.testing import freeze, kill_child, wait_for
+
+from .conftest import Fleets
 
 pytestmark = [pytest.mark.redis, pytest.mark.fleet]
 
@@ -42,13 +46,26 @@ def most_at_once(fleet, call_ids, *, completed_only=False, killed=None):
     return most, len(spans)
 
 
+@pytest.fixture(scope="module")
+def shared(redis_server, tmp_path_factory):
+    """The module's fleet: 3 workers, each ``-c 2``, over a Redis database of its own."""
+    fleets = Fleets(redis_server.url.rsplit("/", 1)[0] + "/9", tmp_path_factory.mktemp("concurrency"))
+    failed = True
+    try:
+        f = fleets(size=3, concurrency=2, TTL=TTL)
+        yield f
+        failed = False
+    finally:
+        fleets.stop(show_logs=failed)
+
+
 def slot_key(fleet, task, shop):
     rule = fleet.client.tasks[task]._options.concurrency
     return rule.slot_key(task, None, {"shop": shop})
 
 
-def test_thirty_calls_of_one_key_with_limit_2_wait_run_two_at_once_and_all_complete(fleet):
-    f = fleet(size=3, concurrency=2, TTL=TTL)
+def test_thirty_calls_of_one_key_with_limit_2_wait_run_two_at_once_and_all_complete(shared):
+    f = shared
     shop = uuid.uuid4().int % 10**6
     results = [f.client.tasks["fleet.limited_wait"].delay(shop, 0.3) for _ in range(30)]
     done = [r.get(timeout=120) for r in results]
@@ -58,8 +75,8 @@ def test_thirty_calls_of_one_key_with_limit_2_wait_run_two_at_once_and_all_compl
     assert f.store.slot_holders(slot_key(f, "fleet.limited_wait", shop)) == []
 
 
-def test_with_skip_every_call_either_runs_or_has_its_skipped_outcome(fleet):
-    f = fleet(size=3, concurrency=2, TTL=TTL)
+def test_with_skip_every_call_either_runs_or_has_its_skipped_outcome(shared):
+    f = shared
     shop = uuid.uuid4().int % 10**6
     results = [f.client.tasks["fleet.limited_skip"].delay(shop, 1.5) for _ in range(12)]
     ran = skipped = 0
@@ -77,8 +94,8 @@ def test_with_skip_every_call_either_runs_or_has_its_skipped_outcome(fleet):
     assert most_at_once(f, [r.id for r in results])[0] <= 2
 
 
-def test_kill_9_of_a_holder_frees_its_slot_within_the_ttl_and_3_s(fleet):
-    f = fleet(size=3, concurrency=2, TTL=TTL)
+def test_kill_9_of_a_holder_frees_its_slot_within_the_ttl_and_3_s(shared):
+    f = shared
     shop = uuid.uuid4().int % 10**6
     key = slot_key(f, "fleet.limited_wait", shop)
     holders = [f.client.tasks["fleet.limited_wait"].delay(shop, 8) for _ in range(2)]
@@ -104,8 +121,8 @@ def test_kill_9_of_a_holder_frees_its_slot_within_the_ttl_and_3_s(fleet):
     print(f"kill -9 of a holder: its slot free {freed_s:.2f} s later (TTL {TTL} s, grace {SLOT_GRACE_S} s)")
 
 
-def test_a_holder_frozen_past_its_ttl_loses_its_slot_and_is_fenced_when_thawed(fleet):
-    f = fleet(size=3, concurrency=2, TTL=TTL)
+def test_a_holder_frozen_past_its_ttl_loses_its_slot_and_is_fenced_when_thawed(shared):
+    f = shared
     shop = uuid.uuid4().int % 10**6
     first = [f.client.tasks["fleet.limited_wait"].delay(shop, seconds) for seconds in (20, 3)]
     starts = [wait_for(lambda h=h: f.ledger.entries(h.id, "start"), 30, "a holder's start")[0] for h in first]
@@ -126,10 +143,10 @@ def test_a_holder_frozen_past_its_ttl_loses_its_slot_and_is_fenced_when_thawed(f
     assert most_at_once(f, [r.id for r in [*first, *later]], completed_only=True)[0] <= 2
 
 
-def test_a_unique_task_on_a_beat_like_schedule_never_overlaps_and_runs_again_after_a_kill(fleet):
+def test_a_unique_task_on_a_beat_like_schedule_never_overlaps_and_runs_again_after_a_kill(shared):
     """``unique=True``: a tick every 2 s of a 5 s task. A tick that finds the last one running
     is skipped with its outcome; the holder killed (-9) mid-run, a later tick runs."""
-    f = fleet(size=3, concurrency=2, TTL=TTL)
+    f = shared
     task = f.client.tasks["fleet.unique"]
     ticks = []
 
