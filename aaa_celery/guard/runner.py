@@ -267,7 +267,7 @@ class GuardRunner:
             _log_trouble("record", call.call_id, e)
             raise HandBack("aaa store unavailable while recording the call's concurrency outcome") from None
         if recorded:
-            self.emit(outcome.event_type, 0, error=outcome.error, message=outcome.message, rule=slot.rule)
+            self.emit(outcome.event_type, 0, error=outcome.error, message=outcome.message, slot=slot.rule)
             raise self.raise_for(outcome)
         return "full"
 

@@ -23,7 +23,7 @@ from ..guard import Dropped, GuardRunner, HandBack, SlotBusy, run_unguarded, wai
 from ..lifecycle import CallSpec, Slot
 from ..protocol import RUN_HEADER, TENANT_HEADER, WAITS_HEADER, check_call
 from ..stores.base import CallStore
-from . import calls, publish, registering
+from . import calls, metrics, publish, registering
 from .codec import result_codec, stored_arguments
 from .control import REPLACED, control_for, raise_for_task
 from .events import TaskEvents
@@ -194,6 +194,7 @@ class GuardedTask(GuardOptions, _Task):
         sig = self.signature_from_request(req, args, kwargs, countdown=countdown, headers=headers)
         log.info("aaa: %s waits %.1f s for a slot of %s (held by %s)", req.id, countdown,
                  slot.rule if slot else "?", ", ".join(busy.holders[:3]))
+        metrics.slot_wait(self)
         try:
             sig.apply_async()  # registered with its new message, as a retry is
         except Exception as e:  # noqa: BLE001 - not sent: the message itself goes back
