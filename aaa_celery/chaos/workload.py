@@ -166,8 +166,10 @@ def make_plan(config: ChaosConfig, nonce: str) -> Plan:
         limited = random.Random(f"{config.seed}:limited")
         for n, call in enumerate(calls):
             if limited.random() < config.limited_share:
-                calls[n] = replace(call, task=LIMITED_TASKS[call.delivery, call.on_lost_lease],
-                                   slot=f"k{limited.randrange(config.slot_keys)}", slot_limit=config.slot_limit)
+                task = LIMITED_TASKS[call.delivery, call.on_lost_lease]
+                # the slot label the checker groups by: a key is the tool's (a rule's key is per tool)
+                calls[n] = replace(call, task=task, slot=f"{task}/k{limited.randrange(config.slot_keys)}",
+                                   slot_limit=config.slot_limit)
     span = calls[-1].sent_at if calls else 0.0
     kinds = list(config.kinds) or [k for k in FAULT_KINDS
                                    if k != "pg_kill" and k not in STORE_FAULTS and k not in PARTITION_FAULTS]
@@ -180,6 +182,13 @@ def make_plan(config: ChaosConfig, nonce: str) -> Plan:
         hold = rng.uniform(1.0, 3.0) if kind == "freeze_kill" else config.ttl_s + rng.uniform(1.0, 3.0)
         faults.append(Fault(round(t, 3), kind, rng.randrange(config.workers), round(hold, 2), rng.random()))
     return Plan(calls, faults)
+
+
+def _args(call: Call) -> tuple[Any, ...]:
+    """The arguments a call of the workload is sent with (a limited call's slot: its key's value)."""
+    if call.slot:
+        return call.duration_s, call.keyed, call.slot.rsplit("/", 1)[1]
+    return call.duration_s, call.keyed
 
 
 def segments(points: list[float], gap_s: float = 0.6) -> list[tuple[float, float]]:
@@ -515,8 +524,7 @@ class ChaosRun:
             now = self._now()
             while queue and queue[0].sent_at <= now:
                 call = queue.pop(0)
-                args = (call.duration_s, call.keyed, call.slot) if call.slot else (call.duration_s, call.keyed)
-                self.app.tasks[call.task].apply_async(args, task_id=call.call_id)
+                self.app.tasks[call.task].apply_async(_args(call), task_id=call.call_id)
                 self.sent.append(call)
             self._restart_dead()
             if now >= next_poll:
@@ -598,7 +606,7 @@ class ChaosRun:
                 fault.skipped = "no live call"
                 return
             call = live[int(fault.pick * len(live))]
-            self.app.send_task(call.task, args=[call.duration_s, call.keyed], task_id=call.call_id)
+            self.app.send_task(call.task, args=list(_args(call)), task_id=call.call_id)
             fault.target, fault.done_at = call.call_id, self._now()
             return
         if kind in ("pg_kill", *STORE_FAULTS):  # a fault of the store: every worker's attempts may be lost

@@ -245,8 +245,9 @@ class GuardRunner:
     def _take_slot(self, call: CallSpec) -> str:
         """Take the call's slot before its attempt is claimed; every slot held: ``wait`` hands
         the message back (:class:`SlotBusy`), ``skip`` and ``reject`` record the call's one
-        outcome, naming the rule, and raise it (unless the call has an outcome already: the
-        ``begin`` that follows answers with it)."""
+        outcome, naming the rule, and raise it, for a call no attempt has claimed (one that has
+        its outcome is answered with it by the ``begin`` that follows; a copy of one whose
+        attempt runs is dropped)."""
         slot = self.slot
         assert slot is not None
         try:
@@ -262,14 +263,18 @@ class GuardRunner:
             raise SlotBusy(f"every slot of {slot.rule!r} is held ({len(plan.holders)}): waiting", plan.holders)
         outcome = busy_outcome(call.name or call.call_id, slot, plan.holders)
         try:
-            recorded = self.store.record(call, outcome, "first")
+            # "fenced" at attempt 0: only a call no attempt has claimed is skipped or refused; a
+            # delivery of a call whose attempt runs (its slot lapsed, or lost) never ends it
+            recorded = self.store.record(call, outcome, "fenced")
         except Exception as e:  # noqa: BLE001 - never leave a refused call without its outcome
             _log_trouble("record", call.call_id, e)
             raise HandBack("aaa store unavailable while recording the call's concurrency outcome") from None
         if recorded:
             self.emit(outcome.event_type, 0, error=outcome.error, message=outcome.message, slot=slot.rule)
             raise self.raise_for(outcome)
-        return "full"
+        if self._has_result(call):
+            return "full"  # the begin that follows answers with the call's outcome
+        raise Dropped(f"every slot of {slot.rule!r} is held, and an attempt of this call exists")
 
     def _has_result(self, call: CallSpec) -> bool:
         try:

@@ -20,7 +20,7 @@ from celery.result import AsyncResult
 from ..context import ToolContext
 from ..errors import ForeignCall, PolicyDenied, StoreError, StoreUnavailable
 from ..guard import Dropped, GuardRunner, HandBack, SlotBusy, run_unguarded, wait_s
-from ..lifecycle import CallSpec, Slot
+from ..lifecycle import CallSpec, Outcome, Slot
 from ..protocol import RUN_HEADER, TENANT_HEADER, WAITS_HEADER, check_call
 from ..stores.base import CallStore
 from . import calls, metrics, publish, registering
@@ -30,7 +30,7 @@ from .events import TaskEvents
 from .install import attach
 from .options import GuardOptions, reconcile_step
 from .results import result_copy, store_accepted
-from .settle import settle_refused
+from .settle import settle
 from .stores import app_store, writer_store
 
 log = logging.getLogger("aaa_celery.worker")
@@ -169,13 +169,23 @@ class GuardedTask(GuardOptions, _Task):
         return Slot(key, rule.limit, rule.on_busy, rule.label)
 
     def _slot(self, call_id: str, tenant: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Slot | None:
+        """The call's slot; a call whose key cannot be made is refused: ``PolicyDenied`` is its
+        outcome if no attempt has claimed it (else this copy is dropped: a copy with other
+        arguments never ends a running call)."""
         try:
             return self.concurrency_slot(tenant, args, kwargs)
         except PolicyDenied as denied:
+            call = CallSpec(call_id, self.audit_name or self.name)
             try:
-                settle_refused(self.app, self, call_id, denied)
+                recorded = settle(self.app, call, Outcome.failure("PolicyDenied", str(denied)), "fenced")
             except StoreError as e:
                 raise Reject(f"aaa store unavailable while refusing the call: {e}", requeue=True) from None
+            if not recorded:
+                raise Ignore() from None
+            try:
+                self.backend.mark_as_failure(call_id, denied)
+            except Exception as e:  # noqa: BLE001 - the store holds the outcome; the backend is a copy
+                log.warning("aaa: could not store the result of the refused call %s: %r", call_id, e)
             raise
 
     def _wait(self, slot: Slot | None, busy: SlotBusy, args: tuple[Any, ...], kwargs: dict[str, Any]) -> BaseException:

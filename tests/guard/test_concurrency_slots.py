@@ -121,3 +121,21 @@ def test_waits_back_off_up_to_the_lease_ttl():
     waits = [wait_s(n, 15.0) for n in range(10)]
     assert all(0.25 <= w <= 15.0 for w in waits) and max(waits[6:]) > 7.5
     assert wait_s(3, 2.0) <= 2.0
+
+
+@pytest.mark.parametrize("on_busy", ["skip", "reject"])
+def test_a_copy_of_a_running_call_that_finds_the_slots_full_never_ends_it(on_busy):
+    """A chaos run (seed 40, 2026-12-04) showed a copy of a running call, sent with other
+    arguments, recording its refusal over the call's running attempt: a refusal for want of a
+    slot is recorded only for a call that no attempt has claimed."""
+    from aaa_celery.guard import Dropped
+    from aaa_celery.lifecycle import Claimed
+
+    store, config = MemoryStore(), GuardConfig(lease_ttl_s=30)
+    slot = Slot("aaa:slot:k", 1, on_busy, "r")
+    running = call()
+    assert isinstance(store.begin(running, "holder", config), Claimed)  # its attempt runs ...
+    assert store.take_slot(slot.key, "other", 1, 30).reply == "taken"  # ... and its slot went to another
+    with pytest.raises(Dropped):
+        GuardRunner(store, config, slot=slot).run(running, "copy", lambda attempt: "again")
+    assert store.result(running.call_id) is None
