@@ -607,8 +607,7 @@ class RedisStore(RedisRuns, Store):
         script, keys, args = self._slot_script(), [self.slot_key(key)], ["?", call_id, ""]
         plan = SlotPlan("full")  # planned once the holders are read (the first reply)
         for _ in range(_SPEND_TRIES):
-            with wrap_errors(self.kind, *ERRORS):
-                reply = script(keys=keys, args=args, client=self._redis)
+            reply = self._slot_run(script, keys, args)
             if reply[0] == "done":
                 return plan
             now_ms, held = int(reply[1]), [str(v) for v in reply[2]]
@@ -619,6 +618,20 @@ class RedisStore(RedisRuns, Store):
             put = "" if plan.put is None else str(ms(plan.put))
             args = ["\n".join(held), call_id, put, *plan.drop]
         raise RuntimeError(f"the holders of {key!r} kept changing while a slot was taken")
+
+    def _slot_run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """``slot.lua`` on the thread's connection; with ``replicas``, a write counts once that
+        many replicas have it (``WAIT``, as a call's writes), so a failover loses no slot taken."""
+        with wrap_errors(self.kind, *ERRORS):
+            if self.cluster:
+                return script(keys=keys, args=args, client=self._redis)
+            if self._wait is None:
+                return evalsha(self._redis, self._held, script, keys, args)
+            reply, acked = evalsha(self._redis, self._held, script, keys, args, self._wait)
+        if reply[0] == "done" and acked < self.replicas:
+            raise StoreUnavailable(f"redis store: a slot of {keys[0]!r} reached {acked} of {self.replicas} replicas "
+                                   f"within {self._wait[1]} ms (aaa_store_options replicas): not counted as taken")
+        return reply
 
     def free_slot(self, key: str, call_id: str) -> None:
         with wrap_errors(self.kind, *ERRORS):
