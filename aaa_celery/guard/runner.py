@@ -250,11 +250,7 @@ class GuardRunner:
         attempt runs is dropped)."""
         slot = self.slot
         assert slot is not None
-        try:
-            plan: SlotPlan = self.store.take_slot(slot.key, call.call_id, slot.limit, self.config.lease_ttl_s)
-        except Exception as e:  # noqa: BLE001 - any store error: never run without the slot
-            _log_trouble("take_slot", call.call_id, e)
-            raise HandBack("aaa store unavailable while taking the call's concurrency slot") from None
+        plan = self._slot_plan(call, slot)
         if plan.reply != "full":
             return plan.reply
         if slot.on_busy == "wait":
@@ -275,6 +271,23 @@ class GuardRunner:
         if self._has_result(call):
             return "full"  # the begin that follows answers with the call's outcome
         raise Dropped(f"every slot of {slot.rule!r} is held, and an attempt of this call exists")
+
+    def _slot_plan(self, call: CallSpec, slot: Slot) -> SlotPlan:
+        """``take_slot``, retried while the store is unreachable for up to a lease TTL, as
+        ``begin`` is (a take is idempotent: the call holds the slot or not); past that, the
+        message goes back to the broker."""
+        give_up = time.monotonic() + self.config.lease_ttl_s
+        delay = min(0.2, self.config.wait_poll_s)
+        while True:
+            started = time.monotonic()
+            try:
+                return self.store.take_slot(slot.key, call.call_id, slot.limit, self.config.lease_ttl_s)
+            except Exception as e:  # noqa: BLE001 - any store error: never run without the slot
+                _log_trouble("take_slot", call.call_id, e)
+                if time.monotonic() >= give_up:
+                    raise HandBack("aaa store unavailable while taking the call's concurrency slot") from None
+            time.sleep(max(0.0, min(delay - (time.monotonic() - started), give_up - time.monotonic())))
+            delay = min(delay * 2, 2.0)
 
     def _has_result(self, call: CallSpec) -> bool:
         try:

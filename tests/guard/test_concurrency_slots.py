@@ -139,3 +139,30 @@ def test_a_copy_of_a_running_call_that_finds_the_slots_full_never_ends_it(on_bus
     with pytest.raises(Dropped):
         GuardRunner(store, config, slot=slot).run(running, "copy", lambda attempt: "again")
     assert store.result(running.call_id) is None
+
+
+def test_a_store_that_cannot_take_the_slot_is_tried_for_a_lease_ttl_then_the_message_goes_back():
+    """As ``begin``: a take is tried again while the store is unreachable (chaos seed 41,
+    2026-12-04: a call handed back at the first failed take twice, during a store failover,
+    was never registered and its message was then lost with a killed worker)."""
+    from aaa_celery.errors import StoreUnavailable
+    from aaa_celery.guard import HandBack
+
+    class Flaky(MemoryStore):
+        def __init__(self, failures: float) -> None:
+            super().__init__()
+            self.failures = failures
+
+        def take_slot(self, *args, **kwargs):
+            if self.failures > 0:
+                self.failures -= 1
+                raise StoreUnavailable("redis store unavailable: Connection closed by server.")
+            return super().take_slot(*args, **kwargs)
+
+    config = GuardConfig(lease_ttl_s=1.0, wait_poll_s=0.1)
+    slot = Slot("aaa:slot:k", 1, "wait", "r")
+    assert GuardRunner(Flaky(2), config, slot=slot).run(call(), "w", lambda attempt: "ran") == "ran"
+    began = time.monotonic()
+    with pytest.raises(HandBack):
+        GuardRunner(Flaky(float("inf")), config, slot=slot).run(call(), "w", lambda attempt: "ran")
+    assert 1.0 <= time.monotonic() - began < 5.0
