@@ -16,6 +16,7 @@ from ..errors import AAACeleryError, InvalidId, NotResolvable
 from ..policy import concurrency_rule
 from ..protocol import MAX_TENANT_BYTES, check_call_id, check_id, tenant_of
 from ..stores import Store, backend_for, open_store
+from ..stores.base import Slots
 from ..stores.sql.store import SQLStore
 from ..stores.ops import STATES, call_state, matches
 from ..worker.stores import app_store, migrate_command, store_options, store_url
@@ -176,7 +177,7 @@ def list_calls(ctx: click.Context, state: str | None, tool: str | None, tenant: 
         click.echo(line)
 
 
-def _holders(ctx: click.Context, store: Store, tool: str | None, tenant: str | None,
+def _holders(ctx: click.Context, store: Slots, tool: str | None, tenant: str | None,
              holding: tuple[str, ...]) -> set[str]:
     """The calls that hold a slot of ``tool``'s concurrency key for ``tenant`` and the
     arguments ``holding`` names (``ARG=VALUE``), as the worker keys them."""
