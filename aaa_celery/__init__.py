@@ -6,6 +6,7 @@ from .config import Delivery, GuardConfig, GuardPolicy, LostLease, RetryPolicy
 from .context import ToolContext
 from .errors import (
     AAACeleryError,
+    CallSkipped,
     ConfigError,
     ExecutionAbandoned,
     OutcomeUnknown,
@@ -46,6 +47,7 @@ __all__ = [
     "OutcomeUnknown",
     "ExecutionAbandoned",
     "PolicyDenied",
+    "CallSkipped",
     "StoreError",
     "StoreUnavailable",
 ]

@@ -81,6 +81,10 @@ class PolicyDenied(ToolError):
     """The handler's guard policy refused this call; ``rule`` names the rule."""
 
 
+class CallSkipped(PolicyDenied):
+    """The call did not run: every slot of its concurrency key was held (``on_busy="skip"``)."""
+
+
 class ResultTooLarge(ToolError):
     """The tool's result is larger than its max_result_bytes; it was not recorded."""
 
@@ -160,5 +164,6 @@ TOOL_ERRORS: dict[str, type[ToolError]] = {
         ApprovalDenied,
         ApprovalExpired,
         PolicyDenied,
+        CallSkipped,
     )
 }

@@ -835,3 +835,73 @@ def plan_resolve(call: CallSpec, current: Outcome | None, verdict: Literal["comp
     if verdict == "completed":
         data["value"] = value
     return outcome, Draft(event_id(call.call_id, RESOLVED, current.attempt), RESOLVED, call.call_id, current.attempt, data)
+
+
+# -- Concurrency slots --------------------------------------------------------------------
+
+#: Seconds a concurrency slot outlives its holder's last renewal, past the lease TTL: a holder
+#: takes its slot just before it claims its lease and renews the lease just before the slot,
+#: so the slot never lapses before the lease it stands for.
+SLOT_GRACE_S = 1.0
+
+@dataclass(frozen=True)
+class Slot:
+    """One of the ``limit`` slots of ``key`` that a call must hold to run (``policy.Concurrency``).
+
+    ``key`` is already scoped (a digest of the rule, the tool, the tenant and the key's values:
+    ``policy.Concurrency.slot_key``); ``rule`` names the rule in denials and audit events.
+    ``on_busy``: what a call does when every slot is held: hand its message back for later
+    (``wait``), end with a recorded ``CallSkipped`` (``skip``), or with ``PolicyDenied``
+    (``reject``)."""
+
+    key: str
+    limit: int
+    on_busy: Literal["wait", "skip", "reject"] = "wait"
+    rule: str = "Concurrency"
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """A take (or a renewal) of a slot as a store applies it, in one atomic step.
+
+    ``reply``: ``taken`` (the call is a new holder), ``held`` (it held a slot already: its
+    expiry moves on), ``full`` (every slot is held by a live holder; nothing is written).
+    ``drop``: holders whose slot lapsed, to delete. ``put``: the call's slot expiry to write
+    (store clock; None: nothing). ``holders``: the other live holders, by call id."""
+
+    reply: Literal["taken", "held", "full"]
+    drop: tuple[str, ...] = ()
+    put: float | None = None
+    holders: tuple[str, ...] = ()
+
+
+def plan_slot(holders: dict[str, float], call_id: str, limit: int, ttl_s: float, now: float) -> SlotPlan:
+    """May ``call_id`` hold one of the ``limit`` slots of a key whose holders are ``holders``
+    (call id -> slot expiry, store clock)? The one rule of every store:
+
+    - a holder whose slot has :func:`lapsed` holds nothing (its holder died or froze past its
+      TTL and a grace; it is dropped);
+    - a call that holds a slot keeps it: taking again (any delivery of it) or renewing moves
+      its expiry on, whatever the limit now is (one call never competes with itself; its
+      lease decides which delivery runs);
+    - else the call takes a slot only if fewer than ``limit`` live holders have one.
+
+    A slot lapses :data:`SLOT_GRACE_S` after the lease TTL from its last take or renewal."""
+    live = {c for c, expires in holders.items() if not lapsed(expires, now)}
+    drop = tuple(sorted(c for c in holders if c not in live))
+    others = tuple(sorted(live - {call_id}))
+    until = now + ttl_s + SLOT_GRACE_S
+    if call_id in live:
+        return SlotPlan("held", drop, until, others)
+    if len(others) >= limit:
+        return SlotPlan("full", drop, None, others)
+    return SlotPlan("taken", drop, until, others)
+
+
+def busy_outcome(name: str, slot: Slot, holders: tuple[str, ...]) -> Outcome:
+    """The one result of a call that found every slot of its key held, under ``skip``
+    (``CallSkipped``) or ``reject`` (``PolicyDenied``): it names the rule and the holders."""
+    shown = ", ".join(holders[:5]) + (f" and {len(holders) - 5} more" if len(holders) > 5 else "")
+    what, error = ("skipped", "CallSkipped") if slot.on_busy == "skip" else ("denied", "PolicyDenied")
+    return Outcome.failure(error, f"{name}: {what} by the guard policy's rule {slot.rule!r}: "
+                                  f"{slot.limit} call(s) with its key run already ({shown})")

@@ -4,7 +4,7 @@ how often, and for how much.
 Rules are declarative and validated when they are made (a bad one raises
 :class:`~aaa_celery.errors.ConfigError` naming the rule, the field and the fix)::
 
-    from aaa_celery.policy import Allow, Budget, Deny, RateLimit, Where
+    from aaa_celery.policy import Allow, Budget, Concurrency, Deny, RateLimit, Where
 
     GuardPolicy(rules=[
         Deny(tools="delete_account"),                          # for everyone
@@ -13,6 +13,7 @@ Rules are declarative and validated when they are made (a bad one raises
         Where(tools="send_email", check="to matches '*@example.com'"),
         RateLimit(tools="send_email", calls=10, per_s=60),     # per tool, per tenant
         Budget(tools="refund", amount="amount", limit=500, per_s=86400, by="customer_id"),
+        Concurrency(tools="sync_inventory", key="shop_id", limit=1, on_busy="skip"),
     ])
 
 How a call is judged (:func:`check` and :func:`admit`), in this order:
@@ -23,6 +24,8 @@ How a call is judged (:func:`check` and :func:`admit`), in this order:
 3. In the worker, just before an attempt is claimed: every :class:`RateLimit`, then every
    :class:`Budget`, is counted in the store (``Store.spend``), atomically, once per call
    (a redelivered call never counts twice), so concurrent calls cannot overspend.
+4. When the attempt is claimed: the first :class:`Concurrency` rule that matches, held in the
+   store with the call's lease (``lifecycle.plan_slot``).
 
 A call that a rule refuses raises :class:`~aaa_celery.errors.PolicyDenied`, naming the
 rule: at send time (rules 1-2; nothing is stored or published) or in the worker (all
@@ -277,8 +280,81 @@ class Budget(Rule):
         return f"Budget({self.scope()}: {self.amount} <= {self.limit:g} per {self.per_s:g} s{per})"
 
 
+class Concurrency(Rule):
+    """At most ``limit`` calls with one ``key`` run at once, per tool and tenant: a call holds
+    one of the key's slots with its lease, from the claim of its attempt to its result, and
+    the slot of a holder that died frees when its lease lapses (within its TTL and a second).
+
+    ``key``: argument names (or dotted paths) whose values make the key, e.g. ``"shop_id"``,
+    or a function of the arguments that returns it; none (the default): one key for the tool.
+    ``on_busy``: what a call does when every slot is held: ``"wait"`` (its message goes back
+    to the broker, to come back later with backoff; no worker process waits), ``"skip"`` (it
+    ends without running, with a recorded ``CallSkipped``) or ``"reject"`` (``PolicyDenied``).
+    The first ``Concurrency`` rule that matches a call applies."""
+
+    kind: Literal["concurrency"] = "concurrency"
+    key: tuple[str, ...] | Callable[[Any], Any] = ()
+    """Argument names or dotted paths (a str is one), or a function of the arguments."""
+    limit: int = Field(default=1, ge=1)
+    """How many calls with one key may run at once."""
+    on_busy: Literal["wait", "skip", "reject"] = "wait"
+    """What a call does when ``limit`` calls with its key run already."""
+
+    @field_validator("key", mode="before")
+    @classmethod
+    def _key(cls, value: Any) -> Any:
+        if callable(value):
+            return value
+        value = _patterns(value)
+        if not isinstance(value, Iterable) or isinstance(value, Mapping):
+            raise ValueError("must be argument names, e.g. ('shop_id',), or a function of the arguments")
+        value = tuple(value)
+        for path in value:
+            if not isinstance(path, str) or not re.fullmatch(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", path):
+                raise ValueError(f"{path!r} is not an argument name or dotted path, e.g. 'shop_id'; "
+                                 "pass names, or a function of the arguments")
+        return value
+
+    def describe(self) -> str:
+        key = getattr(self.key, "__name__", "key") + "()" if callable(self.key) else ",".join(self.key)
+        by = f" by {key}" if key else ""
+        return f"Concurrency({self.scope()}: {self.limit} at once{by}, {self.on_busy})"
+
+    def slot_key(self, tool: str, tenant: str | None, arguments: Any) -> str:
+        """The store's key of this rule's slots for one call: a digest of the rule, the tool,
+        the tenant and the key's values (so a key a caller supplies never reaches a store
+        without its tool and tenant, and no two distinct ones share a key).
+
+        Raises:
+            PolicyDenied: the key function raised, or the call lacks a key argument.
+        """
+        if callable(self.key):
+            try:
+                values: Any = self.key(arguments)
+            except Exception as e:  # noqa: BLE001 - the user's function: its failure refuses the call
+                raise _denied(tool, self.label, f"its key function raised {type(e).__name__}: {e}") from e
+        else:
+            values = []
+            for path in self.key:
+                found, value = value_at(arguments, path)
+                if not found:
+                    raise _denied(tool, self.label, f"the call has no argument {path!r} for its key")
+                values.append(value)
+        identity = json.dumps(["Concurrency", self.describe(), tool, tenant, values], default=repr, sort_keys=True)
+        return f"aaa:slot:{hashlib.sha256(identity.encode('utf-8')).hexdigest()}"
+
+
+def concurrency_rule(policy: Any, tool: str, tenant: str | None) -> Concurrency | None:
+    """The :class:`Concurrency` rule that applies to calls of ``tool`` for ``tenant``: the first
+    that matches, or None."""
+    for rule in policy.rules:
+        if isinstance(rule, Concurrency) and rule.applies(tool, tenant):
+            return rule
+    return None
+
+
 #: Every kind of rule, as ``GuardPolicy.rules`` takes them.
-AnyRule = Allow | Deny | Where | RateLimit | Budget
+AnyRule = Allow | Deny | Where | RateLimit | Budget | Concurrency
 
 
 def _short(value: Any) -> str:
@@ -343,4 +419,4 @@ def admit(policy: Any, tool: str, tenant: str | None, arguments: Any, call_id: s
                               f"{rule.limit:g} per {rule.per_s:g} s{_for(tenant)}{' for ' + by if by else ''}")
 
 
-__all__ = ["Allow", "AnyRule", "Budget", "Deny", "RateLimit", "Rule", "Where", "admit", "check"]
+__all__ = ["Allow", "AnyRule", "Budget", "Concurrency", "Deny", "RateLimit", "Rule", "Where", "admit", "check"]

@@ -41,6 +41,9 @@ RUN_HEADER = "aaa_run_id"
 TOOL_CALL_HEADER = "aaa_tool_call_id"
 TENANT_HEADER = "aaa_tenant"
 HEADERS = (RUN_HEADER, TOOL_CALL_HEADER, TENANT_HEADER)
+#: How many times a call has waited for a concurrency slot (``on_busy="wait"``): its next
+#: wait backs off from it. Celery's own ``retries`` stays the task's.
+WAITS_HEADER = "aaa_waits"
 
 #: Task names of tools: ``aaa.tool.<tool name>``.
 TASK_PREFIX = "aaa.tool."

@@ -51,6 +51,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--store-replicas", type=int, default=0,
                    help="the Redis store's replicas option: each write of a call waits for this many replicas "
                         "(WAIT), so a store_failover loses none and its calls are not excused (default 0)")
+    p.add_argument("--limited-share", type=float, default=0.0,
+                   help="share of calls with a concurrency limit (Concurrency(key=slot, on_busy=wait); checked as I9)")
+    p.add_argument("--slot-limit", type=int, default=2, help="the limit of those calls' keys (default 2)")
+    p.add_argument("--slot-keys", type=int, default=2, help="how many keys they spread over (default 2)")
     p.add_argument("--json", help="write the JSON report here")
     p.add_argument("--plot", help="write a PNG timeline here (needs matplotlib)")
     p.add_argument("--workdir", help="worker logs go here (default: a temp directory)")
@@ -76,6 +80,7 @@ def config_from(args: argparse.Namespace) -> ChaosConfig:
         unclaimed_grace_s=args.unclaimed_grace, kinds=kinds, progress=not args.quiet, workdir=args.workdir,
         old_python=args.old_python,
         effects_db=args.effects_db, store_replicas=args.store_replicas,
+        limited_share=args.limited_share, slot_limit=args.slot_limit, slot_keys=args.slot_keys,
     )
 
 

@@ -14,6 +14,7 @@ and builds the same app in its own process with :func:`make_app` to send):
   ``visibility_timeout`` and unacked-restore interval (kombu's defaults if unset).
 - ``AAA_CHAOS_BASELINE=1``: register the same tools as plain Celery tasks
   (``acks_late`` + ``reject_on_worker_lost``) with no guard.
+- ``AAA_CHAOS_SLOT_LIMIT``: the limit of the ``*_limited`` tasks (default 2; :data:`LIMITED_TASKS`).
 - ``AAA_CHAOS_EFFECTS_DB``: a SQLAlchemy URL; keyed bodies then apply their effect as a row
   of its ``chaos_effects`` table (one row per application, never deduplicated by the table),
   through :func:`aaa_celery.effects.once` under the guard, by a plain insert in the baseline.
@@ -47,6 +48,9 @@ TASKS = {
     ("at_least_once", "finish"): "chaos.at_least_once_finish",
     ("at_most_once", "cancel"): "chaos.at_most_once",
 }
+#: (delivery, on_lost_lease) -> the task with a concurrency limit: ``Concurrency(key="slot",
+#: limit=AAA_CHAOS_SLOT_LIMIT, on_busy="wait")``, taking ``(duration_s, keyed, slot)``.
+LIMITED_TASKS = {key: f"{name}_limited" for key, name in TASKS.items()}
 #: Seconds between a body's ``tick`` entries.
 TICK_S = 0.2
 
@@ -180,9 +184,9 @@ def make_app(env: Mapping[str, str]) -> Celery:
     if env.get("AAA_CHAOS_BASELINE") == "1":
         # Plain Celery: the message stays unacked until the task returns, and a
         # lost child re-queues it. No lease, no attempt numbers, no fencing.
-        for name in TASKS.values():
+        for name in (*TASKS.values(), *LIMITED_TASKS.values()):  # the baseline has no limit
 
-            def plain(self: Any, duration_s: float, keyed: bool = False) -> dict[str, Any]:
+            def plain(self: Any, duration_s: float, keyed: bool = False, slot: str = "") -> dict[str, Any]:
                 cid = self.request.id
                 effect = db_effect(effects_db, None, cid, cid) if effects_db and keyed else None
                 return run_body(ledger_for(ledger_url, prefix), cid, None, cid, duration_s, keyed,
@@ -192,17 +196,21 @@ def make_app(env: Mapping[str, str]) -> Celery:
         return app
 
     from ..context import ToolContext
+    from ..policy import Concurrency
     from ..worker import GuardedTask
 
+    limit = Concurrency(key=("slot",), limit=int(env.get("AAA_CHAOS_SLOT_LIMIT") or 2), on_busy="wait")
     for (delivery, on_lost), name in TASKS.items():
 
-        def guarded(duration_s: float, keyed: bool = False, *, ctx: ToolContext) -> dict[str, Any]:
+        def guarded(duration_s: float, keyed: bool = False, slot: str = "", *, ctx: ToolContext) -> dict[str, Any]:
             effect = db_effect(effects_db, ctx, ctx.call_id, ctx.idempotency_key) if effects_db and keyed else None
             return run_body(ledger_for(ledger_url, prefix), ctx.call_id, ctx.attempt, ctx.idempotency_key,
                             duration_s, keyed, ctx.meta.get("hostname"), effect)
 
         guarded.__annotations__["ctx"] = ToolContext
         app.task(base=GuardedTask, name=name, delivery=delivery, guard={"on_lost_lease": on_lost})(guarded)
+        app.task(base=GuardedTask, name=LIMITED_TASKS[delivery, on_lost], delivery=delivery,
+                 guard={"on_lost_lease": on_lost}, concurrency=limit)(guarded)
     return app
 
 

@@ -53,6 +53,7 @@ INVARIANT_NAMES = {
     "I6": "keyed effect exactly once",
     "I7": "recorded == returned",
     "I8": "no in-doubt or re-run without a loss",
+    "I9": "<= limit live holders per concurrency key",
 }
 
 

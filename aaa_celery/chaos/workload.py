@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -34,7 +34,7 @@ from ..testing.checker import Call, LeaseEnd, Loss, PathCut, RecordedStore, chec
 from ..testing.faults import FAKETIME_LIBRARY, Frozen, freeze, kill9, pool_children, skewed_clock, stop_process
 from ..testing.fleet import WorkerProcess
 from ..testing.ledger import EFFECT, END, EffectLedger
-from .app import EFFECTS_TABLE, TASKS, effects_metadata, make_app
+from .app import EFFECTS_TABLE, LIMITED_TASKS, TASKS, effects_metadata, make_app
 from .proxy import Link, ProxyHub
 
 WORKER_FAULTS = ("kill_main", "kill_child", "freeze_kill", "stop_cont")
@@ -113,6 +113,11 @@ class ChaosConfig:
     #: option, ``WAIT``); with 1 or more a ``store_failover`` loses no write, and the calls it
     #: touches are held to every invariant instead of being excused.
     store_replicas: int = 0
+    #: The share of calls with a concurrency limit (``Concurrency(key="slot", limit=slot_limit,
+    #: on_busy="wait")``, over ``slot_keys`` keys); the checker's I9 holds them to it.
+    limited_share: float = 0.0
+    slot_limit: int = 2
+    slot_keys: int = 2
 
     @property
     def heartbeat_s(self) -> float:
@@ -157,6 +162,14 @@ def make_plan(config: ChaosConfig, nonce: str) -> Plan:
             duration_s=round(rng.uniform(config.min_s, config.max_s), 2),
             sent_at=round(i / rate, 3),
         ))
+    if config.limited_share > 0:  # drawn apart, so a seed's plan without limits is as it was
+        limited = random.Random(f"{config.seed}:limited")
+        for n, call in enumerate(calls):
+            if limited.random() < config.limited_share:
+                task = LIMITED_TASKS[call.delivery, call.on_lost_lease]
+                # the slot label the checker groups by: a key is the tool's (a rule's key is per tool)
+                calls[n] = replace(call, task=task, slot=f"{task}/k{limited.randrange(config.slot_keys)}",
+                                   slot_limit=config.slot_limit)
     span = calls[-1].sent_at if calls else 0.0
     kinds = list(config.kinds) or [k for k in FAULT_KINDS
                                    if k != "pg_kill" and k not in STORE_FAULTS and k not in PARTITION_FAULTS]
@@ -169,6 +182,13 @@ def make_plan(config: ChaosConfig, nonce: str) -> Plan:
         hold = rng.uniform(1.0, 3.0) if kind == "freeze_kill" else config.ttl_s + rng.uniform(1.0, 3.0)
         faults.append(Fault(round(t, 3), kind, rng.randrange(config.workers), round(hold, 2), rng.random()))
     return Plan(calls, faults)
+
+
+def _args(call: Call) -> tuple[Any, ...]:
+    """The arguments a call of the workload is sent with (a limited call's slot: its key's value)."""
+    if call.slot:
+        return call.duration_s, call.keyed, call.slot.rsplit("/", 1)[1]
+    return call.duration_s, call.keyed
 
 
 def segments(points: list[float], gap_s: float = 0.6) -> list[tuple[float, float]]:
@@ -361,6 +381,7 @@ class ChaosRun:
             "AAA_CHAOS_TTL": str(c.ttl_s),
             "AAA_CHAOS_MAX_ATTEMPTS": str(c.max_attempts),
             "AAA_CHAOS_GRACE": str(c.unclaimed_grace_s),
+            "AAA_CHAOS_SLOT_LIMIT": str(c.slot_limit),
         }
         if c.store or self.store_redis is not None:
             env["AAA_CHAOS_STORE"] = c.store or self.store_redis.url  # type: ignore[union-attr]
@@ -520,7 +541,7 @@ class ChaosRun:
             now = self._now()
             while queue and queue[0].sent_at <= now:
                 call = queue.pop(0)
-                self.app.tasks[call.task].apply_async((call.duration_s, call.keyed), task_id=call.call_id)
+                self.app.tasks[call.task].apply_async(_args(call), task_id=call.call_id)
                 self.sent.append(call)
             self._restart_dead()
             if now >= next_poll:
@@ -602,7 +623,7 @@ class ChaosRun:
                 fault.skipped = "no live call"
                 return
             call = live[int(fault.pick * len(live))]
-            self.app.send_task(call.task, args=[call.duration_s, call.keyed], task_id=call.call_id)
+            self.app.send_task(call.task, args=list(_args(call)), task_id=call.call_id)
             fault.target, fault.done_at = call.call_id, self._now()
             return
         if kind in ("pg_kill", *STORE_FAULTS):  # a fault of the store: every worker's attempts may be lost

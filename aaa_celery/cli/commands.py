@@ -13,8 +13,10 @@ import click
 from kombu.utils.url import maybe_sanitize_url
 
 from ..errors import AAACeleryError, InvalidId, NotResolvable
+from ..policy import concurrency_rule
 from ..protocol import MAX_TENANT_BYTES, check_call_id, check_id, tenant_of
 from ..stores import Store, backend_for, open_store
+from ..stores.base import Slots
 from ..stores.sql.store import SQLStore
 from ..stores.ops import STATES, call_state, matches
 from ..worker.stores import app_store, migrate_command, store_options, store_url
@@ -138,16 +140,23 @@ def show(ctx: click.Context, call_id: str, as_json: bool) -> None:
 @click.option("--tenant", help="Only calls sent for this tenant.")
 @click.option("--since", "since", callback=_duration, help="Only calls first seen this long ago or later: 90s, 30m, 1h, 7d.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(min=1), help="At most this many.")
+@click.option("--holding", "holding", multiple=True, metavar="ARG=VALUE",
+              help="Only the calls that hold a concurrency slot of --tool's key with these arguments "
+                   "(repeat for each argument of the key; a value is read as JSON, else as text).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 @click.pass_context
 def list_calls(ctx: click.Context, state: str | None, tool: str | None, tenant: str | None, since: str | None,
-               limit: int, as_json: bool) -> None:
-    """List calls, newest first, through the store's index of calls by time."""
+               limit: int, holding: tuple[str, ...], as_json: bool) -> None:
+    """List calls, newest first, through the store's index of calls by time; with --holding,
+    the calls that hold a concurrency key's slots (docs/concurrency.md)."""
     store = _store(ctx)
     start = None if since is None else store.now() - duration(since)
+    holders = _holders(ctx, store, tool, tenant, holding) if holding else None
     found = []
     for record in store.calls(since=start):
-        if matches(record, state, tool, tenant):
+        if holders is not None and record.call_id not in holders:
+            continue
+        if matches(record, state, None if holders is not None else tool, tenant):
             found.append(record)
             if len(found) >= limit:
                 break
@@ -166,6 +175,47 @@ def list_calls(ctx: click.Context, state: str | None, tool: str | None, tenant: 
               holder_label(r["holder"]) or r["error"] or ""] for r in rows]
     for line in table(cells, ["call_id", "tool", "state", "attempts", "seen", "holder/error"]):
         click.echo(line)
+
+
+def _holders(ctx: click.Context, store: Slots, tool: str | None, tenant: str | None,
+             holding: tuple[str, ...]) -> set[str]:
+    """The calls that hold a slot of ``tool``'s concurrency key for ``tenant`` and the
+    arguments ``holding`` names (``ARG=VALUE``), as the worker keys them."""
+    if not tool:
+        raise click.UsageError("--holding needs --tool: the tool (or task) whose concurrency rule makes the key")
+    arguments: dict[str, Any] = {}
+    for item in holding:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise click.BadParameter(f"{item!r}: use ARG=VALUE, e.g. shop_id=7", param_hint="--holding")
+        try:
+            arguments[name] = json.loads(raw)
+        except ValueError:
+            arguments[name] = raw
+    task, name = _task_of(_app(ctx), tool)
+    rule = concurrency_rule(getattr(type(task), "policy", None) or _NO_POLICY, name, tenant) \
+        or type(task)._options.concurrency
+    if rule is None:
+        raise click.ClickException(f"{tool!r} has no concurrency rule (concurrency=, unique= or a Concurrency "
+                                   "rule of its policy)")
+    return set(store.slot_holders(rule.slot_key(name, tenant, arguments)))
+
+
+class _NoPolicy:
+    rules: tuple[Any, ...] = ()
+
+
+_NO_POLICY = _NoPolicy()
+
+
+def _task_of(app: Any, tool: str) -> tuple[Any, str]:
+    """The app's guarded task named ``tool`` (its task name, or its tool name), and the name
+    its calls are keyed by."""
+    for task in app.tasks.values():
+        audit = getattr(task, "audit_name", None)
+        if hasattr(task, "guard_config") and tool in (task.name, audit):
+            return task, audit or task.name
+    raise click.ClickException(f"the app has no guarded task or tool {tool!r}")
 
 
 @aaa.command()

@@ -11,10 +11,12 @@ from .runner import (
     Dropped,
     GuardRunner,
     HandBack,
+    SlotBusy,
     error_for,
     run_unguarded,
 )
 from .reconcile import Happened, NotHappened
+from .slots import SlotHeld, wait_s
 from .watchdog import BodyTimedOut, Interrupted, LeaseCancelled, Watchdog, active_calls
 
 __all__ = [
@@ -26,10 +28,13 @@ __all__ = [
     "HandBack",
     "Happened",
     "NotHappened",
+    "SlotBusy",
     "Interrupted",
     "LeaseCancelled",
+    "SlotHeld",
     "Watchdog",
     "active_calls",
     "error_for",
     "run_unguarded",
+    "wait_s",
 ]

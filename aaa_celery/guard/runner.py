@@ -47,12 +47,16 @@ from ..lifecycle import (
     Lease,
     Outcome,
     Refused,
+    Slot,
+    SlotPlan,
+    busy_outcome,
     lapsed,
 )
 from ..stores.base import GuardStore, ResultCopy, new_token
 from ..stores.blame import data_error, describe
 from .lease import AttemptLease
 from .reconcile import RECONCILE_TIMEOUT_S, Reconcile, reconcile_lost
+from .slots import SlotHeld
 from .watchdog import BodyTimedOut, LeaseCancelled, Watchdog
 
 log = logging.getLogger("aaa_celery.guard")
@@ -77,6 +81,16 @@ class Dropped(DeliveryEnded):
 class HandBack(DeliveryEnded):
     """The store could not be reached: nothing ran, or the result is not recorded.
     Give the message back to the broker for a later try."""
+
+
+class SlotBusy(DeliveryEnded):
+    """Every slot of the call's concurrency key is held, and its rule says ``wait``: nothing
+    ran and nothing was recorded. Hand the message back to come again later, with backoff
+    (``slots.wait_s``); ``holders`` are the calls that hold the slots."""
+
+    def __init__(self, reason: str, holders: tuple[str, ...] = ()) -> None:
+        super().__init__(reason)
+        self.holders = holders
 
 
 class Emit(Protocol):
@@ -172,16 +186,34 @@ class GuardRunner:
     #: runs one delivery), once it did: the call's one result, so a caller may write the copy
     #: itself if the store did not (``written``). None for any other ending.
     copy: ResultCopy | None = field(default=None, init=False)
+    #: The concurrency slot the call holds to run (``policy.Concurrency``), or None.
+    slot: Slot | None = None
+    #: How this delivery's claimed attempt ended, for its slot: None (no claim), "lost" (its
+    #: lease was lost, or it is running), "ended".
+    _claimed: str | None = field(default=None, init=False)
 
     def run(self, call: CallSpec, worker: str, body: Body) -> Any:
-        """One delivery of ``call`` by ``worker``: claim, run, record, answer."""
+        """One delivery of ``call`` by ``worker``: take its slot (if it has a concurrency
+        rule), claim, run, record, answer."""
+        if self.slot is None:
+            return self._run(call, worker, body)
+        taken, self._claimed = self._take_slot(call), None
+        try:
+            return self._run(call, worker, body)
+        finally:
+            # Freed once the attempt ends, unless it lost its lease (the slot is then its call's
+            # next attempt's, or lapses); a delivery that claimed nothing frees only a slot it took.
+            if self._claimed is None and taken == "taken" or self._claimed == "ended":
+                self._free_slot(call)
+
+    def _run(self, call: CallSpec, worker: str, body: Body) -> Any:
         busy_until = time.monotonic() + BUSY_POLLS * self.config.wait_poll_s
         token = _unanswered.take(call.call_id) or new_token()
         while True:
             decision = self._begin(call, worker, token)
             if isinstance(decision, Claimed):
                 self.emit(STARTED, decision.lease.attempt, worker=worker)
-                return self.attempt(call, decision.lease, body)
+                return self._holding(call, decision.lease, body)
             if isinstance(decision, Finished):
                 if decision.result.ok:
                     return self.codec.decode(decision.result.value)
@@ -196,6 +228,81 @@ class GuardRunner:
             if time.monotonic() >= busy_until or not self._may_lapse(decision):
                 raise Dropped(f"held by {decision.holder}")
             time.sleep(self.config.wait_poll_s)
+
+    def _holding(self, call: CallSpec, lease: Lease, body: Body) -> Any:
+        """Run a claimed attempt, noting for a slot whether it ended or lost its lease."""
+        self._claimed = "lost"
+        try:
+            value = self.attempt(call, lease, body)
+        except Dropped:
+            raise
+        except BaseException:
+            self._claimed = "ended"
+            raise
+        self._claimed = "ended"
+        return value
+
+    def _take_slot(self, call: CallSpec) -> str:
+        """Take the call's slot before its attempt is claimed; every slot held: ``wait`` hands
+        the message back (:class:`SlotBusy`), ``skip`` and ``reject`` record the call's one
+        outcome, naming the rule, and raise it, for a call no attempt has claimed (one that has
+        its outcome is answered with it by the ``begin`` that follows; a copy of one whose
+        attempt runs is dropped)."""
+        slot = self.slot
+        assert slot is not None
+        plan = self._slot_plan(call, slot)
+        if plan.reply != "full":
+            return plan.reply
+        if slot.on_busy == "wait":
+            if self._has_result(call):
+                return "full"  # a redelivery of a finished call: the begin answers with its outcome
+            raise SlotBusy(f"every slot of {slot.rule!r} is held ({len(plan.holders)}): waiting", plan.holders)
+        outcome = busy_outcome(call.name or call.call_id, slot, plan.holders)
+        try:
+            # "fenced" at attempt 0: only a call no attempt has claimed is skipped or refused; a
+            # delivery of a call whose attempt runs (its slot lapsed, or lost) never ends it
+            recorded = self.store.record(call, outcome, "fenced")
+        except Exception as e:  # noqa: BLE001 - never leave a refused call without its outcome
+            _log_trouble("record", call.call_id, e)
+            raise HandBack("aaa store unavailable while recording the call's concurrency outcome") from None
+        if recorded:
+            self.emit(outcome.event_type, 0, error=outcome.error, message=outcome.message, slot=slot.rule)
+            raise self.raise_for(outcome)
+        if self._has_result(call):
+            return "full"  # the begin that follows answers with the call's outcome
+        raise Dropped(f"every slot of {slot.rule!r} is held, and an attempt of this call exists")
+
+    def _slot_plan(self, call: CallSpec, slot: Slot) -> SlotPlan:
+        """``take_slot``, retried while the store is unreachable for up to a lease TTL, as
+        ``begin`` is (a take is idempotent: the call holds the slot or not); past that, the
+        message goes back to the broker."""
+        give_up = time.monotonic() + self.config.lease_ttl_s
+        delay = min(0.2, self.config.wait_poll_s)
+        while True:
+            started = time.monotonic()
+            try:
+                return self.store.take_slot(slot.key, call.call_id, slot.limit, self.config.lease_ttl_s)
+            except Exception as e:  # noqa: BLE001 - any store error: never run without the slot
+                _log_trouble("take_slot", call.call_id, e)
+                if time.monotonic() >= give_up:
+                    raise HandBack("aaa store unavailable while taking the call's concurrency slot") from None
+            time.sleep(max(0.0, min(delay - (time.monotonic() - started), give_up - time.monotonic())))
+            delay = min(delay * 2, 2.0)
+
+    def _has_result(self, call: CallSpec) -> bool:
+        try:
+            return self.store.result(call.call_id) is not None
+        except Exception as e:  # noqa: BLE001 - any store error: the message comes back later
+            _log_trouble("result", call.call_id, e)
+            raise HandBack("aaa store unavailable while taking the call's concurrency slot") from None
+
+    def _free_slot(self, call: CallSpec) -> None:
+        slot = self.slot
+        assert slot is not None
+        try:
+            self.store.free_slot(slot.key, call.call_id)
+        except Exception as e:  # noqa: BLE001 - best effort: an unfreed slot lapses within the TTL
+            _log_trouble("free_slot", call.call_id, e)
 
     def reconciled(self, call: CallSpec, refusal: Outcome) -> Outcome:
         """The refusal as it stands once ``reconcile`` (if any) asked about an unknown outcome."""
@@ -271,7 +378,7 @@ class GuardRunner:
         """Run a claimed attempt under its watchdog and record its outcome. The heartbeat
         goes on until the outcome is recorded (or given up), so the lease outlives the body
         by as long as recording its result takes."""
-        watchdog = Watchdog(self.store, lease, self.config, self.timeout_s)
+        watchdog = Watchdog(SlotHeld.wrap(self.store, self.slot), lease, self.config, self.timeout_s)
         try:
             return self._attempt(call, lease, body, watchdog)
         finally:
@@ -281,7 +388,7 @@ class GuardRunner:
         error: BaseException | None = None
         value: Any = None
         try:
-            with running_attempt(AttemptLease(self.store, lease, watchdog)):
+            with running_attempt(AttemptLease(SlotHeld.wrap(self.store, self.slot), lease, watchdog)):
                 value = watchdog.run(lambda: body(lease.attempt), keep_renewing=True)
             outcome = self._success(call, value, lease.attempt)
             if not outcome.ok:

@@ -5,6 +5,7 @@ and the engine ask of a backend.
 - :class:`Checkpoints` (2): what a tool keeps for its call's next attempt.
 - :class:`RecoveryIndex` (3): the calls to bring back, and the right to bring one back.
 - :class:`Operations` (4) and :class:`Budgets` (1): operators' verbs and policy counters.
+- :class:`Slots` (3): the slots of concurrency keys (``policy.Concurrency``).
 - :class:`~.runs.RunRecords` (8) and :class:`~.runs.RunJournal` (6): agent runs.
 
 Each consumer is typed by what it uses of them, never by the whole :class:`Store`:
@@ -41,6 +42,7 @@ from ..lifecycle import (
     Lease,
     Outcome,
     RecordKind,
+    SlotPlan,
 )
 from .runs import RunJournal, RunRecords
 
@@ -369,6 +371,25 @@ class Budgets:
         raise NotImplementedError(f"{type(self).__name__} keeps no budgets")
 
 
+class Slots:
+    """The slots of ``policy.Concurrency`` keys: which calls hold one, decided by
+    :func:`~aaa_celery.lifecycle.plan_slot`. Optional: a store without them refuses each take."""
+
+    def take_slot(self, key: str, call_id: str, limit: int, ttl_s: float) -> SlotPlan:
+        """Take one of ``limit`` slots of ``key`` for ``call_id`` (or renew the one it holds),
+        atomically, as :func:`~aaa_celery.lifecycle.plan_slot` plans at the store's clock;
+        returns the plan applied (``reply``: ``taken``, ``held`` or ``full``)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no concurrency slots")
+
+    def free_slot(self, key: str, call_id: str) -> None:
+        """Free the slot of ``key`` that ``call_id`` holds, if it holds one."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no concurrency slots")
+
+    def slot_holders(self, key: str) -> list[str]:
+        """The calls that hold a live slot of ``key``, by id (operators, tests)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no concurrency slots")
+
+
 class SchemaVersions:
     """Which schema a store holds, and its upgrade (docs/upgrading.md): the operator's
     ``aaa migrate`` and the check at worker start (:func:`check_version`)."""
@@ -388,9 +409,10 @@ class SchemaVersions:
 # -- The interfaces by consumer: what each one uses, and no verb of their own ----------------
 
 
-class GuardStore(CallStore, Checkpoints, Operations):
+class GuardStore(CallStore, Checkpoints, Operations, Slots):
     """What the guard uses: a call's lease, attempts, result and audit trail, its checkpoints,
-    the reconciliation's ``settle`` (:mod:`aaa_celery.guard`), and the store's clock."""
+    the reconciliation's ``settle`` (:mod:`aaa_celery.guard`), its concurrency slots, and the
+    store's clock."""
 
 
 class RecoveryStore(RecoveryIndex, CallStore):

@@ -22,6 +22,7 @@ from ..lifecycle import (
     Lease,
     Outcome,
     RecordKind,
+    SlotPlan,
     Writes,
     awaits_recovery,
     joined,
@@ -38,6 +39,7 @@ from ..lifecycle import (
     plan_recovery_claim,
     plan_release,
     plan_settle,
+    plan_slot,
     plan_spend,
     purgeable,
 )
@@ -136,6 +138,7 @@ class MemoryStore(MemoryRuns, Store):
         self._lock = threading.RLock()
         self._calls: dict[str, _Call] = {}
         self._budgets: dict[str, tuple[int, float, set[str]]] = {}  # key -> window, total, tokens
+        self._slots: dict[str, dict[str, float]] = {}  # key -> holder call id -> slot expiry
 
     def now(self) -> float:
         return self._clock()
@@ -307,3 +310,29 @@ class MemoryStore(MemoryRuns, Store):
                 tokens.add(token)
             self._budgets[key] = (plan.window, total, tokens)
             return plan.reply
+
+    # -- Concurrency slots (base.Slots) ---------------------------------------------------
+
+    def take_slot(self, key: str, call_id: str, limit: int, ttl_s: float) -> SlotPlan:
+        with self._lock:
+            holders = self._slots.setdefault(key, {})
+            plan = plan_slot(holders, call_id, limit, ttl_s, self.now())
+            for gone in plan.drop:
+                del holders[gone]
+            if plan.put is not None:
+                holders[call_id] = plan.put
+            if not holders:
+                del self._slots[key]
+            return plan
+
+    def free_slot(self, key: str, call_id: str) -> None:
+        with self._lock:
+            holders = self._slots.get(key, {})
+            holders.pop(call_id, None)
+            if not holders:
+                self._slots.pop(key, None)
+
+    def slot_holders(self, key: str) -> list[str]:
+        with self._lock:
+            now = self.now()
+            return sorted(c for c, expires in self._slots.get(key, {}).items() if not lapsed(expires, now))

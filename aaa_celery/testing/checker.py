@@ -35,6 +35,10 @@
   when). A worker whose clock is wrong, a duplicate delivery or a slow call loses
   nothing, so such a call must run its body once and complete. Checked only when the
   caller passes ``losses`` (the chaos workload knows what its faults did).
+* **I9** At most ``slot_limit`` calls with one concurrency key (``Call.slot``:
+  ``policy.Concurrency``) run their bodies at once. When a body starts, every body of
+  another call with its key that runs on beyond the stalled-worker window of I2 (a holder
+  frozen past its lease may run until its next heartbeat once it wakes) counts as running.
 
 Some faults are outside the guarantee (docs/guarantees.md says so): a Redis failover without
 AOF can lose a write that the old primary acknowledged. :func:`excuse` moves the
@@ -61,10 +65,10 @@ from typing import Any, Protocol
 from ..lifecycle import COMPLETED, FAILED, FENCED, RESOLVED, STALE_RESULT, STARTED, Event, Outcome
 from .ledger import EFFECT, END, START, BaseEffectLedger
 
-INVARIANTS = ("I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8")
+INVARIANTS = ("I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9")
 #: The in-doubt results, which only a lost attempt may cause (I8).
 IN_DOUBT = ("OutcomeUnknown", "ExecutionAbandoned")
-LEDGER_ONLY = ("I1", "I2", "I3", "I4", "I6")
+LEDGER_ONLY = ("I1", "I2", "I3", "I4", "I6", "I9")
 
 
 @dataclass(frozen=True)
@@ -188,6 +192,10 @@ class Call:
     task: str = ""
     duration_s: float = 0.0
     sent_at: float = 0.0
+    #: The call's concurrency key (any label the workload gives it), "" for none; I9.
+    slot: str = ""
+    #: How many calls with that key may run at once.
+    slot_limit: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -300,9 +308,12 @@ def check_history(
         if e["kind"] == EFFECT:
             effects[e["call_id"]].append(e)
     out: list[Violation] = []
+    by_slot: dict[str, list[tuple[Call, list[Execution]]]] = defaultdict(list)
     for c in calls:
         call = Call(c) if isinstance(c, str) else c
         execs = runs.get(call.call_id, [])
+        if call.slot:
+            by_slot[call.slot].append((call, execs))
         if store is None:
             out += _check_ledger_only(call, execs, effects.get(call.call_id, []))
         else:
@@ -315,7 +326,32 @@ def check_history(
             out += _check_guarded(call, store, execs, effects.get(call.call_id, []), i2)
             if losses is not None:
                 out += _unexplained(call, store, execs, list(losses), ttl, slack_s)
+    for slot, members in by_slot.items():
+        out += _slot_overruns(slot, members, heartbeat_s + slack_s)
     return out
+
+
+def _slot_overruns(slot: str, members: list[tuple[Call, list[Execution]]], window_s: float) -> list[Violation]:
+    """I9: when a body of a call with concurrency key ``slot`` starts, the bodies of other
+    calls with that key that run on beyond ``window_s`` from their first activity since that
+    start (the stalled-worker window of I2) are running with it: at most ``slot_limit`` in all."""
+    v = []
+    bodies = [(call, x) for call, execs in members for x in execs if x.start_at is not None]
+    for call, b in bodies:
+        start = b.first_at
+        running = [b]
+        for other, a in bodies:
+            if other.call_id == call.call_id or a.first_at > start:
+                continue
+            during = sorted(t for t in a.points if t > start)
+            if during and during[-1] - during[0] > window_s:
+                running.append(a)
+        limit = call.slot_limit or 1
+        if len(running) > limit:
+            held = ", ".join(f"{x.call_id} (attempt {x.attempt}, pid {x.pid})" for x in running[1:])
+            v.append(Violation("I9", call.call_id, f"{len(running)} calls with concurrency key {slot!r} "
+                                                   f"(limit {limit}) ran at once: it started while {held} ran"))
+    return v
 
 
 def _unexplained(call: Call, store: AuditTrail, execs: list[Execution], losses: list[Loss],

@@ -13,6 +13,7 @@ from kombu import Queue
 from ..config import GuardConfig, GuardPolicy, RetryPolicy, build_config
 from ..context import ToolContext
 from ..errors import ConfigError, ToolArgsError
+from ..lifecycle import Slot
 from ..protocol import QUEUE_PREFIX, task_name
 from ..worker import GuardedTask, install
 from ..worker.stores import writer_store as store_of  # the engine's: its schema checked once
@@ -140,6 +141,11 @@ class ToolTask(GuardedTask):
         checked = self.checked(args, kwargs, not ctx.guarded)
         ctx.engine = type(self).engine
         return tool.invoke_checked(checked, ctx)
+
+    def concurrency_slot(self, tenant: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Slot | None:
+        """The slot of the policy's first ``Concurrency`` rule for this tool and tenant (or the
+        task's own option), keyed by the checked arguments (:func:`rules.slot_for`)."""
+        return rules.slot_for(self, tenant, args, kwargs) or super().concurrency_slot(tenant, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if not self.request.called_directly:

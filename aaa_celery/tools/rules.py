@@ -20,7 +20,8 @@ from typing import Any
 from celery.exceptions import Reject
 
 from ..errors import ConfigError, InvalidId, PolicyDenied, StoreError, ToolArgsError
-from ..policy import Budget, Where, admit, check, parse_check
+from ..lifecycle import Slot
+from ..policy import Budget, Where, admit, check, concurrency_rule, parse_check
 from ..protocol import RUN_HEADER, TENANT_HEADER, check_call, tenant_of
 from ..worker import app_store
 from ..worker.settle import settle_refused
@@ -75,6 +76,21 @@ def judge_delivery(task: Any, args: Any, kwargs: Any) -> None:
         # the call got an outcome meanwhile: the guard answers with it
     except StoreError as e:
         raise _hand_back(e) from None
+
+
+def slot_for(task: Any, tenant: str | None, args: Any, kwargs: Any) -> Slot | None:
+    """The slot a delivery of ``task`` (a ``ToolTask``) holds to run: its policy's first
+    ``Concurrency`` rule for the tool and ``tenant``, keyed by the checked arguments; None
+    without one, or for arguments that do not validate (the tool fails them without running).
+    Raises ``PolicyDenied`` for a call whose key cannot be made."""
+    tool = type(task).tool.name
+    rule = concurrency_rule(type(task).policy, tool, tenant)
+    if rule is None:
+        return None
+    arguments = _validated(task, args, kwargs)
+    if arguments is None:
+        return None
+    return Slot(rule.slot_key(tool, tenant, arguments), rule.limit, rule.on_busy, rule.label)
 
 
 def _hand_back(error: StoreError) -> Reject:

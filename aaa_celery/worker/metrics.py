@@ -24,6 +24,8 @@ worker's node name); no call id is ever a label:
 ``aaa_task_reconciled_total``                  calls settled by a ``reconcile`` function
 ``aaa_task_outcome_unknown_total``             calls ended as ``OutcomeUnknown``
 ``aaa_task_abandoned_total``                   calls ended as ``ExecutionAbandoned``
+``aaa_task_slot_waits_total``                  deliveries sent back to wait for a concurrency slot
+``aaa_task_slot_skips_total``                  calls skipped or refused: every concurrency slot of their key held
 ``aaa_task_runtime_seconds``                   histogram: an attempt's start to its recorded result
 ``aaa_lease_renew_failures_total``             renewals that failed (``hostname``)
 ``aaa_heartbeat_lag_seconds``                  histogram: how late each renewal came (``hostname``)
@@ -70,6 +72,7 @@ from ..lifecycle import (
     Lease,
     Outcome,
     RecordKind,
+    SlotPlan,
 )
 from ..stores.base import ResultCopy, Store, StoreVersion
 from ..stores.runs import RunRecord
@@ -128,6 +131,9 @@ class Metrics:
         self.reconciled = counter("aaa_task_reconciled", "Calls settled by their reconcile function.")
         self.unknown = counter("aaa_task_outcome_unknown", "Calls ended as OutcomeUnknown.")
         self.abandoned = counter("aaa_task_abandoned", "Calls ended as ExecutionAbandoned.")
+        self.slot_waits = counter("aaa_task_slot_waits", "Deliveries sent back to wait for a concurrency slot.")
+        self.slot_skips = counter("aaa_task_slot_skips",
+                                  "Calls skipped or refused: every concurrency slot of their key was held.")
         self.runtime = Histogram("aaa_task_runtime_seconds", "From an attempt's start to its recorded result.",
                                  _TASK_LABELS, buckets=_DURATION_BUCKETS, registry=reg)
         self.renew_failures = counter("aaa_lease_renew_failures", "Lease renewals that failed.", ("hostname",))
@@ -214,6 +220,8 @@ class Observer:
                 m.unknown.labels(**labels).inc()
             elif error == "ExecutionAbandoned":
                 m.abandoned.labels(**labels).inc()
+            elif fields.get("slot"):  # lifecycle.busy_outcome: CallSkipped, or PolicyDenied
+                m.slot_skips.labels(**labels).inc()
         elif audit_type == FENCED:
             m.fenced.labels(**labels).inc()
         elif audit_type == STALE_RESULT:
@@ -227,6 +235,16 @@ class Observer:
 def observer(task: Any) -> Observer | None:
     """An observer of one delivery of ``task``, or None when metrics are off."""
     return None if _metrics is None else Observer(_metrics, task)
+
+
+def slot_wait(task: Any) -> None:
+    """Count a delivery of ``task`` sent back to wait for a concurrency slot (metrics on)."""
+    if _metrics is not None:
+        request = task.request
+        _metrics.slot_waits.labels(
+            name=task.name, hostname=str(getattr(request, "hostname", None) or ""),
+            queue_name=str((getattr(request, "delivery_info", None) or {}).get("routing_key") or ""),
+        ).inc()
 
 
 def on_task_postrun(sender: Any = None, task_id: str | None = None, state: str | None = None, **_: Any) -> None:
@@ -382,6 +400,15 @@ class MeteredStore(Store):
 
     def spend(self, key: str, token: str, amount: float, limit: float, window_s: float) -> bool:
         return self._timed("spend", self.inner.spend, key, token, amount, limit, window_s)
+
+    def take_slot(self, key: str, call_id: str, limit: int, ttl_s: float) -> SlotPlan:
+        return self._timed("take_slot", self.inner.take_slot, key, call_id, limit, ttl_s)
+
+    def free_slot(self, key: str, call_id: str) -> None:
+        self._timed("free_slot", self.inner.free_slot, key, call_id)
+
+    def slot_holders(self, key: str) -> list[str]:
+        return self._timed("slot_holders", self.inner.slot_holders, key)
 
     def put_run(self, record: RunRecord) -> None:
         self._timed("put_run", self.inner.put_run, record)

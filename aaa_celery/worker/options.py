@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from ..config import GuardConfig, RetryPolicy, build_config, parse_delivery, validate_overrides
 from ..errors import ConfigError
+from ..policy import Concurrency
 from . import calls
 from .setting_names import spelled
 
@@ -23,6 +24,8 @@ class TaskOptions:
 
     overrides: dict[str, Any]
     idempotency_key: Any = None
+    #: The task's concurrency rule (``concurrency=``, or ``unique=True``), or None.
+    concurrency: Concurrency | None = None
 
     @classmethod
     def of(cls, attrs: Mapping[str, Any], inherited: Any) -> TaskOptions:
@@ -34,7 +37,8 @@ class TaskOptions:
         key = attrs.get("idempotency_key")
         if key is not None and not callable(key):
             raise ConfigError("idempotency_key: must be a function of the task's arguments")
-        return cls(overrides, key)
+        return cls(overrides, key, concurrency_of(attrs.get("concurrency", inherited.concurrency),
+                                                  attrs.get("unique", inherited.unique)))
 
     def config(self, app: Any) -> GuardConfig:
         """The app's default (``aaa_guard``) with these overrides applied."""
@@ -42,6 +46,24 @@ class TaskOptions:
         if not isinstance(base, GuardConfig):
             base = build_config(dict(base), where=spelled(app, "aaa_guard"))
         return base.merged(self.overrides)
+
+
+def concurrency_of(rule: Any, unique: Any) -> Concurrency | None:
+    """A task's concurrency rule from its options: ``concurrency=Concurrency(...)`` (or its
+    fields as a dict), or ``unique=True``, sugar for ``Concurrency(limit=1, on_busy="skip")``:
+    a call (a beat tick) finding one running is skipped, with its recorded outcome."""
+    if not isinstance(unique, bool):
+        raise ConfigError(f"unique: must be True or False, not {unique!r}")
+    if unique and rule is not None:
+        raise ConfigError("unique=True is Concurrency(limit=1, on_busy='skip'): set unique or concurrency, not both")
+    if unique:
+        return Concurrency(limit=1, on_busy="skip", name="unique")
+    if rule is None or isinstance(rule, Concurrency):
+        return rule
+    if isinstance(rule, Mapping):
+        return Concurrency(**rule)
+    raise ConfigError(f"concurrency: must be aaa_celery.policy.Concurrency(key=..., limit=..., on_busy=...), "
+                      f"not {rule!r}")
 
 
 class GuardOptions:
@@ -58,6 +80,12 @@ class GuardOptions:
     #: ``reconcile(arguments, ctx)``: asks the called system whether a lost at_most_once
     #: attempt's effect happened (``aaa_celery.guard.reconcile``).
     reconcile: ClassVar[Any] = None
+    #: At most ``limit`` calls with one key run at once (``aaa_celery.policy.Concurrency``;
+    #: its ``tools`` and ``tenants`` are unused here: the rule is the task's, per tenant).
+    concurrency: ClassVar[Concurrency | dict[str, Any] | None] = None
+    #: ``True``: ``concurrency=Concurrency(limit=1, on_busy="skip")``: a call that finds the
+    #: task running (a beat tick) is skipped, with a recorded ``CallSkipped``.
+    unique: ClassVar[bool] = False
 
     _options: ClassVar[TaskOptions] = TaskOptions({})
     _aaa_config: ClassVar[GuardConfig | None] = None

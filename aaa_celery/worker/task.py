@@ -14,22 +14,23 @@ import threading
 from typing import TYPE_CHECKING, Any, cast
 
 from celery import Task
-from celery.exceptions import Ignore, Reject
+from celery.exceptions import Ignore, Reject, Retry
 from celery.result import AsyncResult
 
 from ..context import ToolContext
-from ..errors import ForeignCall, StoreUnavailable
-from ..guard import Dropped, GuardRunner, HandBack, run_unguarded
-from ..lifecycle import CallSpec
-from ..protocol import RUN_HEADER, TENANT_HEADER, check_call
+from ..errors import ForeignCall, PolicyDenied, StoreError, StoreUnavailable
+from ..guard import Dropped, GuardRunner, HandBack, SlotBusy, run_unguarded, wait_s
+from ..lifecycle import CallSpec, Outcome, Slot
+from ..protocol import RUN_HEADER, TENANT_HEADER, WAITS_HEADER, check_call
 from ..stores.base import CallStore
-from . import calls, publish, registering
+from . import calls, metrics, publish, registering
 from .codec import result_codec, stored_arguments
 from .control import REPLACED, control_for, raise_for_task
 from .events import TaskEvents
 from .install import attach
 from .options import GuardOptions, reconcile_step
 from .results import result_copy, store_accepted
+from .settle import settle
 from .stores import app_store, writer_store
 
 log = logging.getLogger("aaa_celery.worker")
@@ -119,7 +120,7 @@ class GuardedTask(GuardOptions, _Task):
             # Unguarded: a direct call (a unit test) runs the body with a marked context.
             return self.body(args, kwargs, ToolContext.direct())
         try:  # the call id is the key, and it says whose call this is: a header cannot say otherwise
-            check_call(req.id, getattr(req, TENANT_HEADER, None), getattr(req, RUN_HEADER, None))
+            identity = check_call(req.id, getattr(req, TENANT_HEADER, None), getattr(req, RUN_HEADER, None))
         except ForeignCall as e:
             # acked and dropped, writing nothing: not even Celery's result (a Reject would record
             # a FAILURE under the id, which may be another tenant's running call)
@@ -141,11 +142,14 @@ class GuardedTask(GuardOptions, _Task):
                              control_for(req), raise_for_task(self, call_id),
                              reconcile_step(self, args, kwargs, lambda attempt: calls.context(req, key, attempt, tool)),
                              copy_result=result_copy(self, req))
+        runner.slot = self._slot(call_id, identity.tenant if identity else None, args, kwargs)
         worker = f"{req.hostname}/{os.getpid()}/{threading.get_ident()}"
         try:
             value = runner.run(call, worker, lambda attempt: self.body(args, kwargs, calls.context(req, key, attempt, tool)))
         except Dropped:
             raise Ignore() from None  # acked without a result: the call lives on in the store
+        except SlotBusy as e:
+            raise self._wait(runner.slot, e, args, kwargs) from None
         except HandBack as e:
             if req.is_eager:  # no broker to hand it back to: the caller sees the store trouble
                 raise StoreUnavailable(f"{e.reason}; an eager call is not tried again") from None
@@ -153,6 +157,59 @@ class GuardedTask(GuardOptions, _Task):
         if runner.copy is not None:  # the call's one result: Celery's is written without a read
             store_accepted(self, req, runner.copy)
         return value
+
+    def concurrency_slot(self, tenant: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Slot | None:
+        """The concurrency slot this call must hold to run (its ``concurrency`` or ``unique``
+        option), keyed per task and tenant; raises ``PolicyDenied`` for a call whose key
+        cannot be made (an argument of the key missing, the key function raising)."""
+        rule = type(self)._options.concurrency
+        if rule is None:
+            return None
+        key = rule.slot_key(self.audit_name or self.name, tenant, self.arguments(args, kwargs))
+        return Slot(key, rule.limit, rule.on_busy, rule.label)
+
+    def _slot(self, call_id: str, tenant: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Slot | None:
+        """The call's slot; a call whose key cannot be made is refused: ``PolicyDenied`` is its
+        outcome if no attempt has claimed it (else this copy is dropped: a copy with other
+        arguments never ends a running call)."""
+        try:
+            return self.concurrency_slot(tenant, args, kwargs)
+        except PolicyDenied as denied:
+            call = CallSpec(call_id, self.audit_name or self.name)
+            try:
+                recorded = settle(self.app, call, Outcome.failure("PolicyDenied", str(denied)), "fenced")
+            except StoreError as e:
+                raise Reject(f"aaa store unavailable while refusing the call: {e}", requeue=True) from None
+            if not recorded:
+                raise Ignore() from None
+            try:
+                self.backend.mark_as_failure(call_id, denied)
+            except Exception as e:  # noqa: BLE001 - the store holds the outcome; the backend is a copy
+                log.warning("aaa: could not store the result of the refused call %s: %r", call_id, e)
+            raise
+
+    def _wait(self, slot: Slot | None, busy: SlotBusy, args: tuple[Any, ...], kwargs: dict[str, Any]) -> BaseException:
+        """Every slot of the call's key is held (``on_busy="wait"``): the message goes back to
+        the broker, as Celery's ``retry`` sends it, with a countdown that backs off
+        (``guard.wait_s``), so no worker process waits and the store is not polled. The call
+        keeps its id; Celery's ``retries`` stays the task's own (the waits are counted in a
+        header of their own), so a task's ``max_retries`` is not spent on waiting."""
+        req = self.request
+        if req.is_eager:  # no broker to come back through
+            return PolicyDenied(f"{self.name}: {busy.reason}; an eager call does not wait",
+                                rule=slot.rule if slot else None)
+        waits = int(getattr(req, WAITS_HEADER, None) or 0)
+        countdown = wait_s(waits, self.guard_config.lease_ttl_s)
+        headers = {**(req.headers or {}), **calls.aaa_headers(req), WAITS_HEADER: waits + 1}
+        sig = self.signature_from_request(req, args, kwargs, countdown=countdown, headers=headers)
+        log.info("aaa: %s waits %.1f s for a slot of %s (held by %s)", req.id, countdown,
+                 slot.rule if slot else "?", ", ".join(busy.holders[:3]))
+        metrics.slot_wait(self)
+        try:
+            sig.apply_async()  # registered with its new message, as a retry is
+        except Exception as e:  # noqa: BLE001 - not sent: the message itself goes back
+            return Reject(f"could not send the call's wait for a slot: {e!r}", requeue=True)
+        return Retry(f"waiting {countdown:.1f} s for a slot of {slot.rule if slot else '?'}", when=cast(Any, countdown), sig=sig)
 
     def replace(self, sig: Any) -> Any:
         """``Task.replace``: the replacement's message becomes the call's, and this attempt

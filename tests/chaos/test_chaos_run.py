@@ -43,9 +43,12 @@ def test_ci_chaos_run_100_calls_3_workers_20_faults_has_no_violations(redis_url,
     # starts it again on its AOF.
     # Issue 41: the store waits for its replica (replicas=1), so a store_failover loses no
     # write of a call and its calls are held to every invariant, none excused.
+    # Issue 40: a third of the calls have a concurrency limit (2 a key, on_busy="wait"), held to I9.
     report = chaos(redis_url, tmp_path, calls=100, workers=3, concurrency=2, faults=23, ttl_s=2.0, seed=7,
-                   drain_s=90, kinds=(*WORKER_FAULTS, "duplicate", *STORE_FAULTS), store_replicas=1)
+                   drain_s=90, kinds=(*WORKER_FAULTS, "duplicate", *STORE_FAULTS), store_replicas=1,
+                   limited_share=0.3)
     assert report["violations"] == []
+    assert report["config"]["limited_share"] == 0.3
     assert report["documented_exceptions"] == []
     assert report["summary"]["results"].get("no result", 0) == 0
     acted = [f for f in report["fault_log"] if f["done_at"] is not None and not f["skipped"]]

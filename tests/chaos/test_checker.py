@@ -541,3 +541,31 @@ def test_a_result_that_no_attempt_returned_and_no_operator_gave_is_still_i7():
     h.ev(cid, COMPLETED, 1, 3.0)
     h.results[cid] = Outcome.success({"refund": "re_1"}, 1)
     assert invariants(h.check()) == ["I7"]
+
+
+# -- I9 ---------------------------------------------------------------------------------
+
+
+def test_i9_more_calls_of_one_key_than_its_limit_at_once_is_reported():
+    h = History()
+    for n in range(3):
+        h.clean(h.call(f"s{n}", slot="shop-7", slot_limit=2), t0=n * 0.5, dur=3.0)
+    violations = h.check()
+    assert invariants(violations) == ["I9"] and [v.call_id for v in violations] == ["s2"]
+    assert "3 calls with concurrency key 'shop-7' (limit 2)" in violations[0].message
+
+
+def test_i9_kept_by_calls_that_take_turns_and_by_a_frozen_holder_fenced_within_a_heartbeat():
+    h = History()
+    h.clean(h.call("t1", slot="k", slot_limit=1), t0=0.0, dur=1.0)
+    h.clean(h.call("t2", slot="k", slot_limit=1), t0=1.05, dur=1.0)
+    h.clean(h.call("other", slot="j", slot_limit=1), t0=1.1, dur=1.0)  # another key
+    # a holder frozen past its lease: the next call runs; thawed, it is fenced within a heartbeat
+    cid = h.call("frozen", slot="k", slot_limit=1)
+    h.ev(cid, STARTED, 1, 3.0)
+    h.body(cid, 1, 3.0, 3.5, returns=False, exec_id="f1")
+    h.clean(h.call("next", slot="k", slot_limit=1), t0=6.0, dur=2.0)
+    h.body(cid, 1, 7.0, 7.3, returns=False, exec_id="f1", resume=True)
+    h.ev(cid, FENCED, 1, 7.3)
+    h.clean(cid, attempt=2, t0=8.1, dur=0.5)
+    assert h.check() == []

@@ -13,6 +13,7 @@ import time
 from celery import Celery
 
 from aaa_celery import GuardedTask
+from aaa_celery.policy import Concurrency
 
 app = Celery("cli_app", broker=os.environ.get("AAA_CLI_BROKER", "redis://127.0.0.1:1/0"), set_as_current=False)
 app.conf.update(
@@ -34,3 +35,8 @@ def refund(order: str) -> dict:
 def report(n: int) -> int:
     time.sleep(0.01)
     return n
+
+
+@app.task(base=GuardedTask, name="sync", concurrency=Concurrency(key="shop", limit=2))
+def sync(shop: int) -> int:
+    return shop

@@ -229,3 +229,29 @@ def test_the_celery_command_line_finds_the_subcommand(redis_url):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert isinstance(json.loads(done.stdout), list)
+
+
+def test_calls_holding_lists_what_holds_a_concurrency_key(redis_url):
+    """Issue 40: ``aaa calls --tool T --holding ARG=VALUE`` shows the calls that hold the
+    slots of T's concurrency key, keyed as the worker keys them."""
+    cli_app.app.conf.aaa_store_url = redis_url
+    for key in [k for k in app_stores._opened if k[1] == redis_url]:
+        app_stores._opened.pop(key).close()
+    store = open_store(redis_url)
+    rule = cli_app.sync._options.concurrency
+    holders = [f"sync-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    for call in holders:
+        store.register(spec(call, "sync"))
+        assert store.take_slot(rule.slot_key("sync", None, {"shop": 7}), call, 2, 60).reply == "taken"
+    store.register(spec("sync-other", "sync"))
+    assert store.take_slot(rule.slot_key("sync", None, {"shop": 8}), "sync-other", 2, 60).reply == "taken"
+
+    shown = cli("calls", "--tool", "sync", "--holding", "shop=7", "--json")
+    assert shown.exit_code == 0, shown.output
+    assert sorted(r["call_id"] for r in json.loads(shown.output)) == sorted(holders)
+    assert "no calls" in cli("calls", "--tool", "sync", "--holding", "shop=9").output
+    refused = cli("calls", "--holding", "shop=7")
+    assert refused.exit_code != 0 and "--holding needs --tool" in refused.output
+    refused = cli("calls", "--tool", "report", "--holding", "n=1")
+    assert refused.exit_code != 0 and "'report' has no concurrency rule" in refused.output
+    store.close()

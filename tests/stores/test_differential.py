@@ -10,12 +10,14 @@ and then the whole observable state of each backend with the memory store's:
   resolved, first-seen time);
 - recovery: ``expired()`` and ``claim_recovery`` answers (steps);
 - budgets: every ``spend`` answer (a budget's total shows only through them);
+- concurrency slots: every ``take_slot`` answer (reply, lapsed holders dropped, the other
+  holders) and each key's ``slot_holders`` after every take and free;
 - run records: each run's record (with its event count and holder), events, model turns,
   approval decisions, and ``list_runs`` over every tenant.
 
 The operations: register, begin, renew, finish (also late, from a superseded attempt),
 fenced, release, hand_on, lost leases, claim_recovery, expired, abandon, settle, resolve,
-save_checkpoint, spend, purge, and the run records' put_run, append_run_events,
+save_checkpoint, spend, take_slot, free_slot, purge, and the run records' put_run, append_run_events,
 record_turn, decide_approval, lease_run, release_run, forget_run and purge_runs.
 
 Two histories:
@@ -309,6 +311,21 @@ class Backends(RuleBasedStateMachine):
         window = 1e9 if budget or self.with_redis else 10.0
         key = f"{self.call_ids[0]}:budget:{budget}"
         self.each(lambda s: s.spend(key, f"t{token}", amount, limit, window))
+
+    # Concurrency slots.
+
+    @rule(key=st.integers(0, 1), call=st.integers(0, 3), limit=st.integers(1, 2), ttl=st.sampled_from([0.5, 5.0]))
+    def take_slot(self, key: int, call: int, limit: int, ttl: float) -> None:
+        slots = f"{self.call_ids[0]}:slot:{key}"
+        ttl = self.duration(ttl)
+        self.each(lambda s: (lambda p: (p.reply, p.drop, p.holders))(s.take_slot(slots, f"c{call}", limit, ttl)))
+        self.each(lambda s: s.slot_holders(slots))
+
+    @rule(key=st.integers(0, 1), call=st.integers(0, 3))
+    def free_slot(self, key: int, call: int) -> None:
+        slots = f"{self.call_ids[0]}:slot:{key}"
+        self.each(lambda s: s.free_slot(slots, f"c{call}"))
+        self.each(lambda s: s.slot_holders(slots))
 
     # Run records.
 

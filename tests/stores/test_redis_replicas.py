@@ -108,6 +108,28 @@ def test_every_write_a_live_replica_acknowledged_survives_the_failover(pair):
     promoted.close()
 
 
+@pytest.mark.parametrize("replicas", [0, 1])
+def test_a_slot_taken_before_a_failover_is_never_given_to_another_call(pair, replicas):
+    """Issue 40: with ``replicas``, a concurrency slot counts as taken once a replica has it."""
+    primary, replica = pair
+    store = open_store(primary.url, replicas=replicas, replicas_timeout_s=1.0)
+    promote(replica)
+    try:
+        taken = store.take_slot("aaa:slot:k", "c-1", 1, 30).reply
+    except StoreUnavailable as e:
+        taken = None
+        assert replicas == 1 and "reached 0 of 1 replicas" in str(e)
+    demote(primary, replica)
+    promoted = open_store(replica.url)
+    other = promoted.take_slot("aaa:slot:k", "c-2", 1, 30).reply
+    if replicas == 0:  # the documented limit without the option: the slot is lost, and given twice
+        assert (taken, other) == ("taken", "taken")
+    else:  # never acknowledged, so c-1 never ran: c-2 is the first holder
+        assert (taken, other) == (None, "taken")
+    store.close()
+    promoted.close()
+
+
 @pytest.mark.parametrize(("options", "field"), [({"replicas": -1}, "replicas"), ({"replicas": "1"}, "replicas"),
                                                 ({"replicas": 1, "replicas_timeout_s": 0}, "replicas_timeout_s")])
 def test_a_bad_replicas_option_names_the_field(options, field):

@@ -156,7 +156,7 @@ def test_revision_0004_marks_the_finished_rows_it_finds_and_its_downgrade_unmark
                          {"c": done.call_id})
         set_version(store, "0003")
 
-        assert store.migrate().current == "0004"
+        assert store.migrate().current == versions.head()
         assert hints(store, done.call_id, lease.call_id) == [FINISHED_HINT, None]
         assert [c.call_id for c in store.expired(unclaimed_grace_s=1e12)] == [lease.call_id]
 
@@ -171,12 +171,41 @@ def test_revision_0004_marks_the_finished_rows_it_finds_and_its_downgrade_unmark
                 assert conn.execute(sa.text("SELECT array_agg(pronargs) FROM pg_proc"
                                             " WHERE proname = 'aaa_begin_planned'")).scalar_one() == [15]
         assert hints(store, done.call_id, lease.call_id) == [None, None]
-        assert store.migrate().current == "0004"
+        assert store.migrate().current == versions.head()
         assert hints(store, done.call_id, lease.call_id) == [FINISHED_HINT, None]
         if backend == "postgresql":
             with store.engine.connect() as conn:  # type: ignore[attr-defined]
                 assert conn.execute(sa.text("SELECT array_agg(pronargs) FROM pg_proc"
                                             " WHERE proname = 'aaa_begin_planned'")).scalar_one() == [17]
+
+
+@pytest.mark.parametrize("backend", SQL)
+def test_revision_0005_adds_the_concurrency_slots_and_its_downgrade_drops_them(request, backend, tmp_path):
+    """A store at 0004 has no ``aaa_slots``: 0005 adds it, keeping every call as it was, and
+    slots work; its downgrade drops the table (and 0004's store runs on without it)."""
+    from alembic import command
+
+    url = sql_url(request, backend, tmp_path)
+    with open_store(url) as store:
+        done = finished_call(store)
+        with store.engine.begin() as conn:  # type: ignore[attr-defined]
+            conn.execute(sa.text("DROP TABLE aaa_slots"))
+        set_version(store, "0004")
+        with pytest.raises(StoreOutdated):
+            check_version(store, auto_migrate=False)
+
+        assert store.migrate().current == "0005"
+        assert store.take_slot("aaa:slot:k", "c1", 1, 30).reply == "taken"
+        assert store.take_slot("aaa:slot:k", "c2", 1, 30).reply == "full"
+        assert store.result(done.call_id) is not None
+
+        with store.engine.begin() as conn:  # type: ignore[attr-defined]
+            config_ = versions.alembic_config()
+            config_.attributes["connection"] = conn
+            command.downgrade(config_, "0004")
+            assert not sa.inspect(conn).has_table("aaa_slots")
+        assert store.migrate().current == "0005"
+        assert store.slot_holders("aaa:slot:k") == []
 
 
 @pytest.mark.parametrize("backend", VERSIONED)

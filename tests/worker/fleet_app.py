@@ -41,6 +41,7 @@ from celery.signals import worker_process_init
 from kombu import Queue
 
 from aaa_celery import GuardedTask, ToolArgsError, ToolContext, ToolError, open_store
+from aaa_celery.policy import Concurrency
 from aaa_celery.testing import Ledger
 from aaa_celery.tools import ToolHandler, ToolRegistry, tool
 from aaa_celery.tools.handler import use_store
@@ -142,6 +143,20 @@ def make_app(env: Mapping[str, str]) -> Celery:
 
     # on_lost_lease=finish: a thawed stale attempt surely reaches its write
     app.task(base=GuardedTask, name="fleet.fenced_write", guard={"on_lost_lease": "finish"})(fenced_write)
+
+    def limited(shop: int, seconds: float, ctx: ToolContext) -> dict[str, Any]:
+        """Hold a concurrency slot of ``shop`` for ``seconds`` (``start`` / ``after`` bound the body)."""
+        record("start", ctx, shop=shop)
+        time.sleep(seconds)
+        record("after", ctx, shop=shop)
+        return {"attempt": ctx.attempt, "pid": os.getpid()}
+
+    # at most 2 calls per shop at once (tests/worker/test_concurrency_fleet.py)
+    for on_busy in ("wait", "skip"):
+        app.task(base=GuardedTask, name=f"fleet.limited_{on_busy}",
+                 concurrency=Concurrency(key="shop", limit=2, on_busy=on_busy))(limited)
+    # a beat-scheduled task that must never overlap itself
+    app.task(base=GuardedTask, name="fleet.unique", unique=True)(limited)
 
     @app.task(base=GuardedTask, name="fleet.poison")
     def poison(ctx: ToolContext) -> None:

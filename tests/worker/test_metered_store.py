@@ -98,3 +98,36 @@ def test_the_run_records_reach_the_wrapped_store_too():
     store.put_run(RunRecord("r1", "acme", "ToolLoop", {}, "running", 1.0, 1.0))
     assert store.lease_run(RunRecord("r1", "acme").key, "w1", 30)
     assert inner.get_run(RunRecord("r1", "acme").key).holder == "w1"
+
+
+def test_concurrency_slots_reach_the_wrapped_store_and_waits_and_skips_are_counted():
+    """Issue 40: the slot verbs are timed and reach the store; a skipped call and a delivery
+    sent back to wait count per task (no key, no call id is a label)."""
+    from types import SimpleNamespace
+
+    from aaa_celery.worker import metrics
+    from aaa_celery.worker.metrics import FAILED, Observer
+
+    registry = CollectorRegistry()
+    inner = MemoryStore()
+    store = MeteredStore(inner, Metrics(registry), "w1@host")
+    assert store.take_slot("k", "c1", 1, 30).reply == "taken" and inner.slot_holders("k") == ["c1"]
+    assert store.take_slot("k", "c2", 1, 30).reply == "full" and store.slot_holders("k") == ["c1"]
+    store.free_slot("k", "c1")
+    assert inner.slot_holders("k") == []
+    for op in ("take_slot", "free_slot", "slot_holders"):
+        assert sample(registry, "aaa_store_latency_seconds_count", op=op, store="memory", hostname="w1@host") >= 1
+
+    task = SimpleNamespace(name="sync", request=SimpleNamespace(id="c2", hostname="w1@h",
+                                                                delivery_info={"routing_key": "aaa.default"}))
+    labels = {"name": "sync", "hostname": "w1@h", "queue_name": "aaa.default"}
+    observe = Observer(Metrics(registry := CollectorRegistry()), task)
+    observe(FAILED, 0, {"error": "CallSkipped", "message": "...", "slot": "unique"})
+    observe(FAILED, 1, {"error": "ToolError", "message": "..."})
+    assert sample(registry, "aaa_task_slot_skips_total", **labels) == 1
+    saved, metrics._metrics = metrics._metrics, observe.metrics
+    try:
+        metrics.slot_wait(task)
+    finally:
+        metrics._metrics = saved
+    assert sample(registry, "aaa_task_slot_waits_total", **labels) == 1

@@ -89,6 +89,7 @@ from ...lifecycle import (
     Outcome,
     RecordKind,
     Refused,
+    SlotPlan,
     Spend,
     Stale,
     Writes,
@@ -99,6 +100,7 @@ from ...lifecycle import (
     plan_begin,
     plan_finish,
     plan_recovery_claim,
+    plan_slot,
     plan_spend,
     result_event,
     retried_event,
@@ -587,6 +589,60 @@ class RedisStore(RedisRuns, Store):
                               counted == 1, amount, limit, window_s, int(now_ms) / 1000)
             seen = f"{found} {total} {counted}"
         raise RuntimeError(f"the budget {key!r} kept changing while it was spent")
+
+    # -- Concurrency slots (base.Slots) ---------------------------------------------------
+
+    def slot_key(self, key: str) -> str:
+        """The Redis key of a concurrency key's holders: a digest of it as its own hash tag
+        (any text may be a key, and every key's holders can live on any node of a cluster)."""
+        return f"{self.key_prefix}:slot:{{{hashlib.sha256(key.encode('utf-8')).hexdigest()[:32]}}}"
+
+    def _slot_script(self) -> Any:
+        script = self._scripts.get("slot")
+        if script is None:
+            script = self._scripts["slot"] = self._redis.register_script(lua("slot"))
+        return script
+
+    def take_slot(self, key: str, call_id: str, limit: int, ttl_s: float) -> SlotPlan:
+        script, keys, args = self._slot_script(), [self.slot_key(key)], ["?", call_id, ""]
+        plan = SlotPlan("full")  # planned once the holders are read (the first reply)
+        for _ in range(_SPEND_TRIES):
+            reply = self._slot_run(script, keys, args)
+            if reply[0] == "done":
+                return plan
+            now_ms, held = int(reply[1]), [str(v) for v in reply[2]]
+            holders = {held[i]: float(held[i + 1]) / 1000 for i in range(0, len(held), 2)}
+            plan = plan_slot(holders, call_id, limit, ttl_s, now_ms / 1000)
+            if plan.put is None and not plan.drop:
+                return plan  # full, nothing lapsed: nothing to write
+            put = "" if plan.put is None else str(ms(plan.put))
+            args = ["\n".join(held), call_id, put, *plan.drop]
+        raise RuntimeError(f"the holders of {key!r} kept changing while a slot was taken")
+
+    def _slot_run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """``slot.lua`` on the thread's connection; with ``replicas``, a write counts once that
+        many replicas have it (``WAIT``, as a call's writes), so a failover loses no slot taken."""
+        with wrap_errors(self.kind, *ERRORS):
+            if self.cluster:
+                return script(keys=keys, args=args, client=self._redis)
+            if self._wait is None:
+                return evalsha(self._redis, self._held, script, keys, args)
+            reply, acked = evalsha(self._redis, self._held, script, keys, args, self._wait)
+        if reply[0] == "done" and acked < self.replicas:
+            raise StoreUnavailable(f"redis store: a slot of {keys[0]!r} reached {acked} of {self.replicas} replicas "
+                                   f"within {self._wait[1]} ms (aaa_store_options replicas): not counted as taken")
+        return reply
+
+    def free_slot(self, key: str, call_id: str) -> None:
+        with wrap_errors(self.kind, *ERRORS):
+            self._redis.zrem(self.slot_key(key), call_id)
+
+    def slot_holders(self, key: str) -> list[str]:
+        with wrap_errors(self.kind, *ERRORS):
+            now_ms = ms(self.now())
+            # live strictly before its expiry (lifecycle.lapsed): scores above now
+            held = self._redis.zrangebyscore(self.slot_key(key), f"({now_ms}", "+inf")
+        return sorted(str(c) for c in held)
 
     # -- Operators' verbs (stores/ops.py): each shard's ``calls`` index -------------------
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from ...lifecycle import FINISHED_HINT, RESOLVED, CallSpec, Event, Lease, Outcome, sweep_hint
-from .schema import UNCLAIMED, budget_tokens, budgets, calls, checkpoints, events, recoveries, results
+from .schema import UNCLAIMED, budget_tokens, budgets, calls, checkpoints, events, recoveries, results, slots
 
 if TYPE_CHECKING:
     from sqlalchemy.dialects.postgresql import Insert as PostgresInsert
@@ -222,6 +222,26 @@ def insert_budget_if_absent(insert: Insert, key: str, window: int) -> sa.Executa
     """Create a budget's row, empty in ``window``, unless it exists (the row lock's row)."""
     return insert(budgets).values(budget_key=key, window_no=window, total=0.0).on_conflict_do_nothing(
         index_elements=["budget_key"])
+
+
+def insert_slots_if_absent(insert: Insert, key: str) -> sa.Executable:
+    """Create a concurrency key's row, with no holder, unless it exists (the row lock's row)."""
+    return insert(slots).values(slot_key=key, holders={}).on_conflict_do_nothing(index_elements=["slot_key"])
+
+
+def select_slots_for_update(key: str) -> sa.Select[Any]:
+    """Read a concurrency key's holders, and lock its row until the transaction ends."""
+    return sa.select(slots.c.holders).where(slots.c.slot_key == key).with_for_update()
+
+
+def select_slots(key: str) -> sa.Select[Any]:
+    """Read a concurrency key's holders."""
+    return sa.select(slots.c.holders).where(slots.c.slot_key == key)
+
+
+def update_slots(key: str, holders: dict[str, float]) -> sa.Update:
+    """Write a concurrency key's holders (call id -> slot expiry)."""
+    return slots.update().where(slots.c.slot_key == key).values(holders=holders)
 
 
 def select_budget_for_update(key: str) -> sa.Select[Any]:

@@ -15,6 +15,9 @@ Tables:
     ``attempts``: a claim counts an attempt, which restarts the count.
 ``aaa_checkpoints``
     The last checkpoint a tool saved for a call (``ctx.checkpoint``), for its next attempt.
+``aaa_slots``
+    The holders of a concurrency key's slots (``policy.Concurrency``; revision ``0005``):
+    one row a key (the row lock's row), ``holders`` mapping call id to slot expiry.
 
 Run records (:mod:`.runs`):
 
@@ -101,6 +104,13 @@ checkpoints = sa.Table(
     sa.Column("call_id", sa.String, primary_key=True),
     sa.Column("checkpoint", sa.Text, nullable=False),
     sa.Column("saved_at", sa.Double, nullable=False),
+)
+
+slots = sa.Table(
+    "aaa_slots",
+    metadata,
+    sa.Column("slot_key", sa.String, primary_key=True),
+    sa.Column("holders", sa.JSON, nullable=False),
 )
 
 #: The time index of calls (``aaa calls``, ``aaa purge``); created with the tables.

@@ -49,8 +49,11 @@ from ...lifecycle import (
     plan_recovery_claim,
     plan_release,
     plan_settle,
+    lapsed,
+    plan_slot,
     plan_spend,
     window_of,
+    SlotPlan,
     PURGED,
 )
 from .._writes import CallWriter, apply
@@ -72,6 +75,7 @@ from .queries import (
     insert_event_if_absent,
     insert_new_call,
     insert_result,
+    insert_slots_if_absent,
     lease_holds,
     select_budget_for_update,
     select_budget_token,
@@ -85,10 +89,13 @@ from .queries import (
     select_recovery,
     select_resolved,
     select_result,
+    select_slots,
+    select_slots_for_update,
     select_unfinished,
     start_budget_window,
     update_call_spec,
     update_result,
+    update_slots,
     upsert_checkpoint,
     upsert_recovery,
 )
@@ -430,6 +437,33 @@ class SQLStore(Store):
                 for statement in count_budget_spend(key, token, plan.count):
                     conn.execute(statement)
             return plan.reply
+
+    # -- Concurrency slots (base.Slots) ---------------------------------------------------
+
+    def take_slot(self, key: str, call_id: str, limit: int, ttl_s: float) -> SlotPlan:
+        with self._write() as conn:
+            conn.execute(insert_slots_if_absent(self.insert, key))
+            holders = dict(conn.execute(select_slots_for_update(key)).scalar_one())
+            plan = plan_slot(holders, call_id, limit, ttl_s, self.now())
+            if plan.drop or plan.put is not None:
+                for gone in plan.drop:
+                    del holders[gone]
+                if plan.put is not None:
+                    holders[call_id] = plan.put
+                conn.execute(update_slots(key, holders))
+            return plan
+
+    def free_slot(self, key: str, call_id: str) -> None:
+        with self._write() as conn:
+            found = conn.execute(select_slots_for_update(key)).scalar_one_or_none()
+            if found is not None and call_id in found:
+                conn.execute(update_slots(key, {c: e for c, e in found.items() if c != call_id}))
+
+    def slot_holders(self, key: str) -> list[str]:
+        with self._read() as conn:
+            found = conn.execute(select_slots(key)).scalar_one_or_none() or {}
+            now = self.now()
+        return sorted(c for c, expires in found.items() if not lapsed(expires, now))
 
     # -- Operators' verbs (stores/ops.py) ----------------------------------------------
 
