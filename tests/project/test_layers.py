@@ -36,6 +36,12 @@ def test_runtime_has_no_import_cycle_even_through_type_checking_imports():
     assert "1 kept, 0 broken" in lint_imports("tests/project/runtime-imports.toml")
 
 
+def in_a_fresh_interpreter(code: str) -> None:
+    """Run ``code`` in a new Python process from the project root; its failure fails the test."""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
 def test_importing_the_task_adapter_leaves_celerys_redis_backend_unloaded():
     """``worker/results.py`` imports Celery's Redis backend (and redis-py with it) on first use,
     not at import: it doubled the time of ``import aaa_celery.worker.task`` (0.37 s -> 0.70 s)
@@ -45,8 +51,7 @@ def test_importing_the_task_adapter_leaves_celerys_redis_backend_unloaded():
         "import aaa_celery.worker.task\n"
         "assert 'celery.backends.redis' not in sys.modules, 'celery.backends.redis loaded at import'\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    in_a_fresh_interpreter(code)
 
 
 def test_the_sql_stores_without_postgresql_load_no_psycopg():
@@ -59,8 +64,7 @@ def test_the_sql_stores_without_postgresql_load_no_psycopg():
         "from aaa_celery.stores.sql import PostgresStore\n"
         "assert PostgresStore.__module__ == 'aaa_celery.stores.sql.postgres'\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    in_a_fresh_interpreter(code)
 
 
 def test_importing_the_pure_modules_loads_no_celery_and_connects_nothing():
@@ -70,8 +74,7 @@ def test_importing_the_pure_modules_loads_no_celery_and_connects_nothing():
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('celery', 'kombu', 'billiard'))\n"
         "assert not loaded, loaded\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    in_a_fresh_interpreter(code)
 
 
 def test_importing_the_worker_side_connects_no_signal_until_attached():
@@ -92,8 +95,7 @@ def test_importing_the_worker_side_connects_no_signal_until_attached():
         "app.tasks['t']\n"
         "assert len(signals.worker_process_init.receivers) == 1, signals.worker_process_init.receivers\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
+    in_a_fresh_interpreter(code)
 
 
 def test_every_worker_module_sits_in_a_layer_of_the_worker_contract():
