@@ -58,7 +58,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -319,8 +319,9 @@ def check_history(
         else:
             ttl = 3 * heartbeat_s if lease_ttl_s is None else lease_ttl_s
             if call.on_lost_lease == "finish":
+                claims = {e.attempt: e.at for e in store.events(call.call_id) if e.type == STARTED}
                 i2 = _overlaps(call.call_id, execs, 0.0, min_silence_s=max(0.0, ttl - heartbeat_s - slack_s),
-                               ended=ended.get(call.call_id, ()))
+                               ended=ended.get(call.call_id, ()), claims=claims)
             else:
                 i2 = _overlaps(call.call_id, execs, heartbeat_s + slack_s)
             out += _check_guarded(call, store, execs, effects.get(call.call_id, []), i2)
@@ -479,24 +480,38 @@ def _check_guarded(call: Call, store: AuditTrail, execs: list[Execution], effect
     return v
 
 
+def _stale_first(x: Execution, y: Execution) -> tuple[Execution, Execution]:
+    """The pair in the store's order: the lower attempt is the older one, whichever body
+    started first (a worker frozen between its claim and its body starts it late); by
+    body start when the attempt numbers do not tell (plain Celery, or a re-run)."""
+    if x.attempt is not None and y.attempt is not None and x.attempt != y.attempt:
+        return (x, y) if x.attempt < y.attempt else (y, x)
+    return (x, y) if x.first_at <= y.first_at else (y, x)
+
+
 def _overlaps(cid: str, execs: list[Execution], window_s: float, min_silence_s: float | None = None,
-              ended: Sequence[LeaseEnd] = ()) -> list[Violation]:
+              ended: Sequence[LeaseEnd] = (), claims: Mapping[int, float] | None = None) -> list[Violation]:
     """I2: an execution active after a later one started, beyond ``window_s`` from its
     first activity since that start (the stalled-worker window; 0 in baseline mode).
     With ``min_silence_s`` (``on_lost_lease=finish``) it may run on to its end, if it
-    was silent at least that long right before the later one started; or if a fault in
-    ``ended`` ended its attempt's lease before the later one started, which is reported
-    marked ``outside`` the guarantee, with the fault's reason."""
+    was silent at least that long right before the later one started, counting from its
+    attempt's claim (``claims``: the store's start time of each attempt) when its body
+    had not started; or if a fault in ``ended`` ended its attempt's lease before the
+    later one started, which is reported marked ``outside`` the guarantee, with the
+    fault's reason."""
     v = []
-    for i, a in enumerate(execs):
-        for b in execs[i + 1:]:
+    for i, x in enumerate(execs):
+        for y in execs[i + 1:]:
+            a, b = _stale_first(x, y)
             b_start, b_last = b.first_at, b.last_at
             during = sorted(t for t in a.points if b_start < t <= b_last)
             if not during:
                 continue
             outside = ""
             if min_silence_s is not None:
-                before = max((t for t in a.points if t <= b_start), default=b_start)
+                claimed = (claims or {}).get(a.attempt) if a.attempt is not None else None
+                before = max((t for t in a.points if t <= b_start),
+                             default=b_start if claimed is None else min(claimed, b_start))
                 if b_start - before >= min_silence_s:
                     continue
                 beyond = during

@@ -167,6 +167,48 @@ def test_i2_on_lost_lease_finish_may_run_on_only_after_its_lease_lapsed():
     assert invariants(h.check()) == ["I2"]
 
 
+def test_i2_a_stale_attempt_whose_body_starts_after_the_newer_one_is_checked_as_the_stale_one():
+    """CI at 8fe0228 (clock nemesis, redis seed 62): attempt 2 of a finish call was claimed,
+    then its worker froze before the body started; attempt 3 took over after the lease ran
+    out, and attempt 2's body ran on waking, to its end. The checker ordered the runs by body
+    start, took attempt 3 for the stale one, and reported I2 against it. The store's attempt
+    order says which run is stale; its silence counts from its claim."""
+    h = History()
+    cid = h.call("frozen-before-body", on_lost_lease="finish")
+    h.ev(cid, STARTED, 1, 0.0)                      # claimed, then frozen before its body
+    h.ev(cid, STARTED, 2, 2.5)
+    h.body(cid, 2, 2.5, 5.0, value={"attempt": 2})
+    h.body(cid, 1, 3.0, 4.5, value={"attempt": 1})  # thawed: runs its body to its end
+    h.ev(cid, STALE_RESULT, 1, 4.5)
+    h.result(cid, 2, {"attempt": 2})
+    assert h.check() == []
+
+    # the same runs with attempt 2 granted 0.1 s after attempt 1's claim: not silent, I2
+    h = History()
+    cid = h.call("granted-too-soon", on_lost_lease="finish")
+    h.ev(cid, STARTED, 1, 0.0)
+    h.ev(cid, STARTED, 2, 0.1)
+    h.body(cid, 2, 0.1, 3.0, value={"attempt": 2})
+    h.body(cid, 1, 0.3, 2.0, value={"attempt": 1})
+    h.ev(cid, STALE_RESULT, 1, 2.0)
+    h.result(cid, 2, {"attempt": 2})
+    found = h.check()
+    assert invariants(found) == ["I2"]
+    assert "run frozen" not in found[0].message and "(attempt 1, pid 101) was still running" in found[0].message
+
+    # cancel mode: the thawed body must stop within a heartbeat of waking, whichever started first
+    for stop, expected in ((4.4, []), (5.8, ["I2"])):
+        h = History()
+        cid = h.call("cancel-frozen-before-body")
+        h.ev(cid, STARTED, 1, 0.0)
+        h.ev(cid, STARTED, 2, 3.0)
+        h.body(cid, 2, 3.0, 6.0, value={"attempt": 2})
+        h.body(cid, 1, 4.0, stop, returns=False)
+        h.ev(cid, FENCED, 1, stop)
+        h.result(cid, 2, {"attempt": 2})
+        assert invariants(h.check()) == expected, stop
+
+
 def _finish_call_whose_session_was_killed(h: History, cid: str) -> None:
     """The long PostgreSQL run's case: attempt 1 of an ``on_lost_lease=finish`` call never
     went silent, its session was killed (pg_kill) 7 ms into it, attempt 2 took the freed
