@@ -13,7 +13,8 @@ start), every process writes its samples there, and the main process's endpoint 
 up. A child that dies keeps its counts. Solo and threads pools work the same way.
 
 **Names and labels** follow celery-exporter (``name``, ``queue_name``, ``hostname``; the
-worker's node name); no call id is ever a label:
+worker's node name); no call id is ever a label, and a concurrency key only as the store's
+digest of it, for at most :data:`SLOT_KEY_LABELS` keys per process (the rest: ``key="other"``):
 
 =============================================  =======================================================
 ``aaa_task_attempts_started_total``            attempts claimed and started
@@ -26,6 +27,7 @@ worker's node name); no call id is ever a label:
 ``aaa_task_abandoned_total``                   calls ended as ``ExecutionAbandoned``
 ``aaa_task_slot_waits_total``                  deliveries sent back to wait for a concurrency slot
 ``aaa_task_slot_skips_total``                  calls skipped or refused: every concurrency slot of their key held
+``aaa_slots_held``                             gauge: concurrency slots the worker's calls hold (``key``, ``hostname``)
 ``aaa_task_runtime_seconds``                   histogram: an attempt's start to its recorded result
 ``aaa_lease_renew_failures_total``             renewals that failed (``hostname``)
 ``aaa_heartbeat_lag_seconds``                  histogram: how late each renewal came (``hostname``)
@@ -60,6 +62,7 @@ from ..lifecycle import (
     FENCED,
     RECONCILED,
     RETRIED,
+    SLOT_GRACE_S,
     STALE_RESULT,
     STARTED,
     BeginResult,
@@ -114,7 +117,7 @@ class Metrics:
 
     def __init__(self, registry: Any = None) -> None:
         try:
-            from prometheus_client import REGISTRY, Counter, Histogram
+            from prometheus_client import REGISTRY, Counter, Gauge, Histogram
         except ImportError as e:
             raise ConfigError("aaa metrics need prometheus-client: pip install 'aaa_celery[metrics]'") from e
         reg = REGISTRY if registry is None else registry
@@ -134,6 +137,8 @@ class Metrics:
         self.slot_waits = counter("aaa_task_slot_waits", "Deliveries sent back to wait for a concurrency slot.")
         self.slot_skips = counter("aaa_task_slot_skips",
                                   "Calls skipped or refused: every concurrency slot of their key was held.")
+        self.slots_held = Gauge("aaa_slots_held", "Concurrency slots the worker's calls hold, per key.",
+                                ("key", "hostname"), multiprocess_mode="livesum", registry=reg)
         self.runtime = Histogram("aaa_task_runtime_seconds", "From an attempt's start to its recorded result.",
                                  _TASK_LABELS, buckets=_DURATION_BUCKETS, registry=reg)
         self.renew_failures = counter("aaa_lease_renew_failures", "Lease renewals that failed.", ("hostname",))
@@ -272,6 +277,44 @@ def _safely(record: Any) -> None:
         log.debug("aaa: a store metric was not recorded: %r", e)
 
 
+#: The most concurrency keys one process labels ``aaa_slots_held`` with; the slots of any
+#: further key count under ``key="other"``, so keys made from argument values cannot grow
+#: the metric's series without bound.
+SLOT_KEY_LABELS = 100
+
+
+class HeldSlots:
+    """The concurrency slots this process's calls hold, by key, as the ``aaa_slots_held``
+    gauge: a take that the store granted adds one until its slot would lapse (the lease TTL
+    and ``lifecycle.SLOT_GRACE_S``, unless renewed: a call that lost its lease keeps no
+    slot); a take that found every slot held (a renewal that lost its slot) or a free
+    removes it. The gauge is set at each take and free of the process."""
+
+    def __init__(self, metrics: Metrics, hostname: str) -> None:
+        self.metrics, self.hostname = metrics, hostname
+        self._until: dict[str, dict[str, float]] = {}  # key -> call id -> when its slot lapses (monotonic)
+        self._labels: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def note(self, key: str, call_id: str, ttl_s: float | None) -> None:
+        """``call_id`` holds a slot of ``key`` for ``ttl_s`` more (None: it holds none)."""
+        now = time.monotonic()
+        with self._lock:
+            calls = self._until.setdefault(key, {})
+            if ttl_s is None:
+                calls.pop(call_id, None)
+            else:
+                calls[call_id] = now + ttl_s + SLOT_GRACE_S
+            if key not in self._labels:
+                named = len(set(self._labels.values()) - {"other"})
+                self._labels[key] = key if named < SLOT_KEY_LABELS else "other"
+            counts: dict[str, int] = {}
+            for k, label in self._labels.items():
+                counts[label] = counts.get(label, 0) + sum(1 for t in self._until.get(k, {}).values() if t > now)
+        for label, count in counts.items():
+            _safely(lambda: self.metrics.slots_held.labels(key=label, hostname=self.hostname).set(count))
+
+
 class MeteredStore(Store):
     """A store whose round trips, renewals and heartbeat lag are measured: every verb of the
     store interfaces is written out here, timed, and handed to the wrapped store (a verb added
@@ -283,6 +326,7 @@ class MeteredStore(Store):
         self.kind, self.ttl_leases = inner.kind, inner.ttl_leases
         self._beats: dict[str, tuple[float, float]] = {}  # lease token -> (last renewal, period)
         self._beats_lock = threading.Lock()
+        self._slots = HeldSlots(metrics, hostname)
 
     def __getattr__(self, name: str) -> Any:  # the backend's own attributes, not the verbs
         return getattr(self.inner, name)
@@ -402,10 +446,15 @@ class MeteredStore(Store):
         return self._timed("spend", self.inner.spend, key, token, amount, limit, window_s)
 
     def take_slot(self, key: str, call_id: str, limit: int, ttl_s: float) -> SlotPlan:
-        return self._timed("take_slot", self.inner.take_slot, key, call_id, limit, ttl_s)
+        plan: SlotPlan = self._timed("take_slot", self.inner.take_slot, key, call_id, limit, ttl_s)
+        self._slots.note(key, call_id, None if plan.reply == "full" else ttl_s)
+        return plan
 
     def free_slot(self, key: str, call_id: str) -> None:
-        self._timed("free_slot", self.inner.free_slot, key, call_id)
+        try:
+            self._timed("free_slot", self.inner.free_slot, key, call_id)
+        finally:
+            self._slots.note(key, call_id, None)  # a slot left unfreed lapses in the store
 
     def slot_holders(self, key: str) -> list[str]:
         return self._timed("slot_holders", self.inner.slot_holders, key)

@@ -131,3 +131,48 @@ def test_concurrency_slots_reach_the_wrapped_store_and_waits_and_skips_are_count
     finally:
         metrics._metrics = saved
     assert sample(registry, "aaa_task_slot_waits_total", **labels) == 1
+
+
+def test_slots_held_per_key_are_a_gauge_of_bounded_cardinality():
+    """Issue 40, item 4: ``aaa_slots_held`` counts the slots this process's calls hold, per
+    concurrency key (the store's digest, never an argument value); a slot lost at a renewal
+    or freed leaves it, and past SLOT_KEY_LABELS keys the rest count under key="other"."""
+    import time
+
+    from aaa_celery.lifecycle import SLOT_GRACE_S
+    from aaa_celery.worker.metrics import SLOT_KEY_LABELS
+
+    registry = CollectorRegistry()
+    inner = MemoryStore()
+    store = MeteredStore(inner, Metrics(registry), "w1@host")
+
+    def held(key):
+        return sample(registry, "aaa_slots_held", key=key, hostname="w1@host")
+
+    store.take_slot("k1", "c1", 2, 30)
+    store.take_slot("k1", "c2", 2, 30)
+    store.take_slot("k1", "c3", 2, 30)           # full: not held
+    store.take_slot("k1", "c1", 2, 30)           # a renewal: still one slot
+    assert held("k1") == 2
+    store.free_slot("k1", "c2")
+    assert held("k1") == 1
+    inner.free_slot("k1", "c1")                  # c1's slot lapsed, and two other calls took the key
+    inner.take_slot("k1", "x1", 2, 30)
+    inner.take_slot("k1", "x2", 2, 30)
+    assert store.take_slot("k1", "c1", 2, 30).reply == "full"  # c1's renewal finds its slot gone
+    assert held("k1") == 0
+
+    for i in range(SLOT_KEY_LABELS + 5):         # k1 has a label already
+        store.take_slot(f"many-{i}", "c9", 1, 30)
+    assert held("many-0") == held(f"many-{SLOT_KEY_LABELS - 2}") == 1
+    assert held(f"many-{SLOT_KEY_LABELS - 1}") == 0 and held("other") == 6
+    store.free_slot(f"many-{SLOT_KEY_LABELS}", "c9")
+    assert held("other") == 5
+
+    # a call that lost its lease renews no slot: it leaves the gauge once its slot would lapse
+    store = MeteredStore(MemoryStore(), Metrics(registry := CollectorRegistry()), "w1@host")
+    store.take_slot("brief", "c8", 1, 0.05)
+    assert held("brief") == 1
+    time.sleep(0.05 + SLOT_GRACE_S + 0.2)
+    store.take_slot("k1", "c7", 3, 30)
+    assert held("brief") == 0 and held("k1") == 1

@@ -147,3 +147,30 @@ def test_a_worker_counts_lost_calls_stale_results_and_keeps_a_dead_childs_counts
     finally:
         for w in workers:
             w.stop()
+
+
+def test_a_prefork_worker_gauges_the_concurrency_slots_its_calls_hold(redis_url, tmp_path):
+    """``aaa_slots_held``, summed over a prefork worker's children: two calls of one key hold
+    two slots while their bodies run, labelled by the key's digest, and none once they end."""
+    from aaa_celery.policy import Concurrency
+
+    env = {"AAA_FLEET_BROKER": redis_url, "AAA_FLEET_TTL": str(TTL)}
+    port = free_port()
+    worker = WorkerProcess("tests.worker.fleet_app", hostname="s0@metrics", concurrency=2, cwd=ROOT,
+                           env={**env, "AAA_METRICS_PORT": str(port)}, workdir=tmp_path / "w0")
+    client, ledger = make_app(env), Ledger(redis_url)
+    key = Concurrency(key="shop", limit=2, on_busy="skip").slot_key("fleet.limited_skip", None, {"shop": 41})
+    try:
+        worker.start()
+        worker.wait_ready(60)
+        calls = [client.tasks["fleet.limited_skip"].delay(41, 4.0) for _ in range(2)]
+        wait_for(lambda: all(ledger.entries(c.id, "start") for c in calls), 30, "both bodies started")
+        held = wait_for(lambda: (s := scrape(port)) and total(s, "aaa_slots_held", hostname="s0@metrics") == 2
+                        and s, 10, "two slots held")
+        assert total(held, "aaa_slots_held", key=key) == 2
+        assert {dict(ls)["key"] for (n, ls), v in held.items() if n == "aaa_slots_held" and v} == {key}
+        for c in calls:
+            c.get(timeout=30)
+        wait_for(lambda: total(scrape(port), "aaa_slots_held") == 0, 10, "no slot held")
+    finally:
+        worker.stop()
