@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ..config import GuardConfig, RetryPolicy
@@ -213,6 +213,8 @@ class GuardRunner:
             decision = self._begin(call, worker, token)
             if isinstance(decision, Claimed):
                 self.emit(STARTED, decision.lease.attempt, worker=worker)
+                if self.slot is not None:
+                    self._keep_slot(call, decision.lease)
                 return self._holding(call, decision.lease, body)
             if isinstance(decision, Finished):
                 if decision.result.ok:
@@ -271,6 +273,43 @@ class GuardRunner:
         if self._has_result(call):
             return "full"  # the begin that follows answers with the call's outcome
         raise Dropped(f"every slot of {slot.rule!r} is held, and an attempt of this call exists")
+
+    def _keep_slot(self, call: CallSpec, lease: Lease) -> None:
+        """Take the slot again once the attempt is claimed, before its body runs: from then
+        on the slot outlives the lease (every renewal renews both, the slot last, and a slot
+        lapses a grace after its lease), so the body never runs beside the key's holders. A
+        claim that came late (``begin`` tried again while the store was away) may find the
+        slot gone to another call: ``wait`` hands the call on to its next delivery (the
+        message comes back later), ``skip`` and ``reject`` end the attempt with the rule's
+        outcome."""
+        slot = self.slot
+        assert slot is not None
+        try:
+            plan = self._slot_plan(call, slot)
+        except HandBack:
+            self._let_go(lease)
+            raise
+        if plan.reply != "full":
+            return
+        if slot.on_busy == "wait":
+            try:
+                self.store.hand_on(lease)
+            except Exception as e:  # noqa: BLE001 - unhanded, the lease lapses: the message still comes back
+                _log_trouble("hand_on", call.call_id, e)
+            self.emit(RETRIED, lease.attempt, worker=lease.worker, slot=slot.rule)
+            raise SlotBusy(f"every slot of {slot.rule!r} went to other calls before the body ran: waiting",
+                           plan.holders)
+        outcome = replace(busy_outcome(call.name or call.call_id, slot, plan.holders), attempt=lease.attempt)
+        if not isinstance(self.finish(lease, outcome), Accepted):
+            raise Dropped("a newer attempt owns the call")
+        self.emit(outcome.event_type, lease.attempt, error=outcome.error, message=outcome.message, slot=slot.rule)
+        raise self.raise_for(outcome)
+
+    def _let_go(self, lease: Lease) -> None:
+        try:
+            self.store.release(lease)
+        except Exception as e:  # noqa: BLE001 - best effort: the store is why we give up
+            log.debug("aaa: could not release %s: %r", lease.call_id, e)
 
     def _slot_plan(self, call: CallSpec, slot: Slot) -> SlotPlan:
         """``take_slot``, retried while the store is unreachable for up to a lease TTL, as
@@ -481,10 +520,7 @@ class GuardRunner:
                 if delays is None:
                     delays = self.result_retry.delays()
                 if not delays:
-                    try:
-                        self.store.release(lease)
-                    except Exception as e:  # noqa: BLE001 - best effort: the store is why we give up
-                        log.debug("aaa: could not release %s after finish failed: %r", lease.call_id, e)
+                    self._let_go(lease)
                     raise HandBack("aaa store unavailable at finish") from None
                 time.sleep(max(0.0, delays.pop(0) - (time.monotonic() - started)))
 

@@ -1,6 +1,7 @@
 """A call's concurrency slot (``policy.Concurrency``), held with its lease.
 
-The slot is taken just before the attempt is claimed and freed once its outcome is recorded
+The slot is taken just before the attempt is claimed, again once it is claimed (before the
+body runs: a late claim may find it gone), and freed once its outcome is recorded
 (:class:`~aaa_celery.guard.runner.GuardRunner`); in between, every renewal of the lease
 renews the slot too (:class:`SlotHeld`), so a live holder never loses it and a dead or frozen
 one loses both within its TTL (the slot a second later: ``lifecycle.SLOT_GRACE_S``). A

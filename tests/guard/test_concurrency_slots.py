@@ -166,3 +166,42 @@ def test_a_store_that_cannot_take_the_slot_is_tried_for_a_lease_ttl_then_the_mes
     with pytest.raises(HandBack):
         GuardRunner(Flaky(float("inf")), config, slot=slot).run(call(), "w", lambda attempt: "ran")
     assert 1.0 <= time.monotonic() - began < 5.0
+
+
+@pytest.mark.parametrize("on_busy", ["wait", "skip", "reject"])
+def test_a_slot_that_lapsed_before_the_claim_is_taken_again_before_the_body_runs(on_busy):
+    """A slot is taken before the claim; a claim that came late (``begin`` tried again while
+    the store was away, past the slot's TTL) may find the slot gone to another call. The
+    attempt takes its slot again before its body runs: a lost one hands the call on
+    (``wait``: the message comes back later, as attempt 2) or ends it as its rule says. No
+    body ever runs beside the key's holders."""
+    from aaa_celery.lifecycle import RETRIED, STARTED
+
+    slot = Slot("aaa:slot:k", 1, on_busy, "r")
+
+    class LateClaim(MemoryStore):
+        stolen = False
+
+        def begin(self, call, worker, config, token=None):
+            if not self.stolen:  # the slot lapsed while the claim was on its way
+                self.stolen = True
+                self.free_slot(slot.key, call.call_id)
+                assert self.take_slot(slot.key, "thief", 1, 30).reply == "taken"
+            return super().begin(call, worker, config, token)
+
+    store, config = LateClaim(), GuardConfig(lease_ttl_s=5)
+    mine, ran = call(), []
+    expected = {"wait": SlotBusy, "skip": CallSkipped, "reject": PolicyDenied}[on_busy]
+    with pytest.raises(expected):
+        GuardRunner(store, config, slot=slot).run(mine, "late", ran.append)
+    assert ran == [] and store.slot_holders(slot.key) == ["thief"]
+    if on_busy == "wait":
+        assert store.result(mine.call_id) is None
+        assert [e.type for e in store.events(mine.call_id)] == [STARTED, RETRIED]
+        store.free_slot(slot.key, "thief")
+        assert GuardRunner(store, config, slot=slot).run(mine, "again", lambda attempt: attempt) == 2
+        assert ran == [] and store.slot_holders(slot.key) == []
+    else:
+        outcome = store.result(mine.call_id)
+        assert outcome is not None and outcome.error == expected.__name__ and outcome.attempt == 1
+        assert "thief" in outcome.message
