@@ -112,3 +112,4 @@ def test_the_flask_example_passes_from_its_own_directory_as_a_user_runs_it(redis
     output = proc.stdout + proc.stderr
     assert "No module named" not in output, output
     assert "PASS web authorize" in output, output
+    assert proc.returncode == 0, output  # issue 42's acceptance: it exits 0 on the example
