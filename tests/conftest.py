@@ -31,13 +31,16 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
 from . import leftovers
 from .servers import PostgresServer, RedisServer, ServerUnavailable, libpq_url
+
+T = TypeVar("T")
 
 Server = RedisServer | PostgresServer
 
@@ -209,20 +212,39 @@ def postgres_url(postgres_server: PostgresServer) -> str:
     return postgres_server.url
 
 
+def once_per_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, name: str,
+                 build: Callable[[Path], T], built: Callable[[Path], T | None]) -> T:
+    """What ``build`` makes in a directory ``name``, once per run: under xdist the first worker
+    that asks builds it in the run's shared temp directory, under a lock, and the others use
+    that one (``built`` finds it)."""
+    if not hasattr(request.config, "workerinput"):
+        return build(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent / name  # pytest-N/, beside each popen-gwN/
+    with open(f"{shared}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if (made := built(shared)) is None:
+            shutil.rmtree(shared, ignore_errors=True)  # a build that died half-way
+            shared.mkdir()
+            made = build(shared)
+        return made
+
+
 @pytest.fixture(scope="session")
 def old_release(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """The previous release (0.1.0), built from git history into a venv of its own
-    (``tests/old_release.py``), once per run: under xdist the first worker that asks builds
-    it in the run's shared temp directory, under a lock, and the others use that one."""
+    (``tests/old_release.py``), once per run."""
     from .old_release import build, built
 
-    if not hasattr(request.config, "workerinput"):
-        return build(tmp_path_factory.mktemp("aaa-0.1.0"))
-    shared = tmp_path_factory.getbasetemp().parent / "aaa-0.1.0"  # pytest-N/, beside each popen-gwN/
-    with open(f"{shared}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if (release := built(shared)) is None:
-            shutil.rmtree(shared, ignore_errors=True)  # a build that died half-way
-            shared.mkdir()
-            release = build(shared)
-        return release
+    return once_per_run(request, tmp_path_factory, "aaa-0.1.0", build, built)
+
+
+@pytest.fixture(scope="session")
+def django6_python(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The interpreter of a venv with Django 6.1 (``tests/django_tasks/django6.py``), once per
+    run; skips where the machine has no Python of 3.12 or later."""
+    from .django_tasks.django6 import build, built, newer_python
+
+    python = newer_python()
+    if python is None:
+        pytest.skip("no Python >= 3.12 on this machine: Django 6 cannot be installed, its run is skipped")
+    return once_per_run(request, tmp_path_factory, "django-6.1", lambda where: build(where, python), built)

@@ -1,6 +1,10 @@
 """django.tasks on a real fleet (issue 37): two prefork workers, a Redis broker, PostgreSQL for
 the guard's store and Django's database. The web side runs in processes of its own
-(``client.py``), through the public django.tasks API only; holders die by kill -9."""
+(``client.py``), through the public django.tasks API only; holders die by kill -9.
+
+Each test runs twice: on Django 5.2 with the ``django-tasks`` backport (this interpreter), and
+on Django 6.1's own ``django.tasks``, web and workers in a venv of a newer Python
+(``django6.py``), wherever the machine has one."""
 
 from __future__ import annotations
 
@@ -24,13 +28,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Web:
-    """The web process's side: each call a fresh ``client.py`` process running its operations."""
+    """The web process's side: each call a fresh ``client.py`` process running its operations,
+    in ``python`` (this interpreter, or the Django 6.1 venv's)."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], python: str = sys.executable) -> None:
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+        self.python = python
 
     def run(self, cmds: list[dict[str, Any]], check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([sys.executable, "-m", "tests.django_tasks.client", json.dumps(cmds)], cwd=ROOT,
+        done = subprocess.run([self.python, "-m", "tests.django_tasks.client", json.dumps(cmds)], cwd=ROOT,
                               env=self.env, capture_output=True, text=True, timeout=180)
         if check:
             assert done.returncode == 0, done.stderr
@@ -39,8 +45,8 @@ class Web:
     def __call__(self, *cmds: dict[str, Any]) -> list[dict[str, Any]]:
         return json.loads(self.run(list(cmds)).stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
-    def manage(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "django", *args], cwd=ROOT, env=self.env,
+    def module(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([self.python, "-m", *args], cwd=ROOT, env=self.env,
                               capture_output=True, text=True, timeout=120)
 
 
@@ -52,10 +58,12 @@ def wait(task: str, call_id: str = "$0", timeout: float = 60) -> dict[str, Any]:
     return {"op": "wait", "task": task, "id": call_id, "timeout": timeout}
 
 
-@pytest.fixture(scope="module")
-def web(postgres_server: Any, redis_server: Any) -> Web:
-    """One Django project for the module: its tables made by ``manage.py migrate``."""
+@pytest.fixture(scope="module", params=["django-5.2", "django-6.1"])
+def web(request: pytest.FixtureRequest, postgres_server: Any, redis_server: Any) -> Web:
+    """One Django project for each Django of the module: its tables made by ``manage.py migrate``."""
     from tests.conftest import _redis_client, clean_postgres
+
+    python = sys.executable if request.param == "django-5.2" else str(request.getfixturevalue("django6_python"))
 
     clean_postgres(postgres_server.url)
     client = _redis_client(redis_server.url)
@@ -66,8 +74,12 @@ def web(postgres_server: Any, redis_server: Any) -> Web:
         conn.execute(sa.text("DROP TABLE IF EXISTS django_migrations"))
     engine.dispose()
     w = Web({"AAA_DT_PG": postgres_server.url.replace("+psycopg", ""), "AAA_DT_STORE": postgres_server.url,
-             "AAA_DT_BROKER": redis_server.url, "DJANGO_SETTINGS_MODULE": "tests.django_tasks.settings"})
-    done = w.manage("migrate", "-v", "0")
+             "AAA_DT_BROKER": redis_server.url, "DJANGO_SETTINGS_MODULE": "tests.django_tasks.settings"}, python)
+    version = subprocess.run([python, "-c", "import django; print(django.get_version())"], capture_output=True,
+                             text=True, env=w.env, cwd=ROOT)
+    print(f"the django.tasks fleet on Django {version.stdout.strip()} with {python}")
+    assert version.stdout.startswith(request.param.removeprefix("django-")), version
+    done = w.module("django", "migrate", "-v", "0")
     assert done.returncode == 0, done.stderr
     return w
 
@@ -76,7 +88,8 @@ def web(postgres_server: Any, redis_server: Any) -> Web:
 def fleet(web: Web, redis_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """Two prefork workers for the module; a test that kills one adds another."""
     env = {k: v for k, v in web.env.items() if k.startswith(("AAA_DT_", "DJANGO_"))}
-    f = Fleet("tests.django_tasks.celery_app", size=2, env=env, cwd=ROOT,
+    python = None if web.python == sys.executable else web.python  # the venv's workers: its own packages
+    f = Fleet("tests.django_tasks.celery_app", size=2, env=env, cwd=ROOT, python=python,
               workdir=tmp_path_factory.mktemp("django-tasks-fleet"))
     failed = True
     try:
@@ -134,9 +147,8 @@ def test_kill_9_of_the_holder_at_most_once_fails_with_outcome_unknown_until_an_o
     assert [e["attempt"] for e in starts(fleet, queued["id"])] == [1]
     assert fleet.ledger.entries(queued["id"], "effect") == []
     # an operator who checked the payment provider settles it: get_result follows the store
-    subprocess.run([sys.executable, "-m", "celery", "-A", "tests.django_tasks.celery_app", "aaa", "resolve",
-                    queued["id"], "--as", "completed", "--note", "refund seen at the provider", "--value",
-                    '{"refunded": true}'], cwd=ROOT, env=web.env, capture_output=True, text=True, timeout=120)
+    web.module("celery", "-A", "tests.django_tasks.celery_app", "aaa", "resolve", queued["id"], "--as", "completed",
+               "--note", "refund seen at the provider", "--value", '{"refunded": true}')
     [resolved] = web({"op": "get", "task": "refund_once", "id": queued["id"]})
     assert resolved["status"] == "SUCCESSFUL" and resolved["return_value"] == {"refunded": True}, resolved
 
