@@ -1,7 +1,7 @@
 """Settings for ``manage.py check`` of the guarded backend, misconfigured as ``AAA_DT_CHECK`` says:
 ``ok``; ``faults``: acks_late and reject_on_worker_lost off, a visibility timeout below the
 lease, a queue no worker serves; ``store+installed``: an unreachable store and the outbox's
-app missing; ``app``: no APP."""
+app missing; ``app``: no APP; ``nostore``: no store (an AMQP broker, no ``aaa_store_url``)."""
 
 import os
 

@@ -29,6 +29,7 @@ def manage(case: str, redis_url: str, tmp_path: Path, *args: str) -> subprocess.
     ("faults", ["E002", "E003", "E004", "E005"]),
     ("store+installed", ["E007", "W001"]),  # unreachable: a warning, so migrate and runserver go on
     ("app", ["E006"]),
+    ("nostore", ["E001"]),
 ])
 def test_manage_py_check_reports_each_misconfiguration_by_its_id(case, ids, redis_url, tmp_path):
     done = manage(case, redis_url, tmp_path, "check")
