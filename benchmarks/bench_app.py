@@ -11,6 +11,7 @@
     BENCH_VISIBILITY    broker visibility_timeout (s)             default: kombu's (3600)
     BENCH_STARTS        a Redis URL where sleepers log their starts
     BENCH_BODY_MS       the overhead tasks' body sleeps this long  default: 0 (returns at once)
+    BENCH_STORE_REPLICAS  the Redis store's ``replicas`` option     default: 0 (no WAIT)
 
 Workers: ``celery -A benchmarks.bench_app worker -Q bench,aaa.default ...``
 """
@@ -42,6 +43,7 @@ app.conf.update(
     # overhead.py --store memory:// is a diagnostic that knows each process keeps its own store
     aaa_allow_process_local_store=(os.environ.get("BENCH_STORE") or "").startswith("memory:"),
     aaa_guard={"lease_ttl_s": float(os.environ.get("BENCH_LEASE_TTL", "15"))},
+    aaa_store_options={"replicas": int(os.environ.get("BENCH_STORE_REPLICAS") or 0)},
     aaa_recovery_interval_s=float(os.environ.get("BENCH_RECOVERY_S", "2")),
     task_serializer="json",
     result_serializer="json",

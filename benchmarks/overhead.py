@@ -38,6 +38,7 @@ added CPU, the store server's added CPU, and the store round trips (worker + pub
     python benchmarks/overhead.py --quick            # < 60 s smoke run, both stores and pools
     python benchmarks/overhead.py --body-ms 100 --calls 400   # a 100 ms (sleeping) body, the same way
     python benchmarks/overhead.py --store memory://  # diagnostic: the guard without store round trips
+    python benchmarks/overhead.py --stores redis --store-replicas 1   # each write of a call waits for a replica (WAIT)
     python benchmarks/overhead.py --store postgresql # one store only: a durable PostgreSQL
     python benchmarks/overhead.py --stores redis,redis-shared   # both Redis topologies
     python benchmarks/overhead.py --store postgresql --results postgresql   # Celery's results in the store's database
@@ -66,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks._common import (  # noqa: E402
     parser,
     DurablePostgres,
+    RedisServer,
     Worker,
     commandstats,
     cpu_seconds,
@@ -90,7 +92,9 @@ LUA_DIR = Path(__file__).resolve().parent.parent / "aaa_celery" / "stores" / "re
 IN_SCRIPT = {m.lower() for f in LUA_DIR.glob("*.lua")
              for m in re.findall(r"redis\.call\(['\"]([A-Za-z]+)['\"]", f.read_text())}
 assert IN_SCRIPT, f"no redis.call in {LUA_DIR}/*.lua: round trips would count every command a script runs"
-NOT_COUNTED = {"info"}  # this benchmark's own reads
+#: This benchmark's own reads; WAIT, which the store sends after a script in the script's own
+#: round trip, and the replica's REPLCONF (``--store-replicas``).
+NOT_COUNTED = {"info", "wait", "replconf"}
 #: The recovery sweep reads each shard's two indexes with ZRANGEBYSCORE, all in one pipeline:
 #: one round trip (and one sweep) per 2 x shards of them. The bench app keeps the default.
 SWEEP_READS = 2 * inspect.signature(RedisStore).parameters["shards"].default
@@ -324,6 +328,18 @@ QUICK = "200 calls (40 with --body-ms 100), 1 round, both pools, Redis (both top
 STORES = {"redis": "", "redis-shared": "redis-shared", "postgresql": "postgresql"}
 
 
+def replica_of(replica: RedisServer, primary: RedisServer) -> None:
+    """Make ``replica`` replicate ``primary``, and wait until it has synced."""
+    import redis
+
+    client = redis.Redis.from_url(replica.url)
+    port = int(primary.url.rsplit(":", 1)[1].split("/")[0])
+    client.replicaof("127.0.0.1", port)
+    if not wait_until(lambda: client.info("replication").get("master_link_status") == "up", 30, 0.1):
+        raise SystemExit(f"the store's replica {replica.url} did not sync with {primary.url}")
+    client.close()
+
+
 def run_stores(args: argparse.Namespace) -> int:
     """One run per store, each in a process of its own (the publisher's app reads its store
     from the environment once), then one table of them all."""
@@ -342,7 +358,7 @@ def run_stores(args: argparse.Namespace) -> int:
                  "--calls", str(args.calls), "--rounds", str(args.rounds), "--pools", args.pools,
                  "--variants", ",".join(args.variants), "--timeout", str(args.timeout),
                  "--body-ms", str(args.body_ms), "--seed", str(args.seed), "--out", out,
-                 "--results", args.results]
+                 "--results", args.results, "--store-replicas", str(args.store_replicas)]
         print(f"== {kind}: {' '.join(child[1:])}", flush=True)
         subprocess.run(child, check=True)
         parts[kind] = json.loads((RESULTS / f"{out}.json").read_text())
@@ -381,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="Celery's result backend: redis (a database of the broker's server, the default), "
                          "django-db (django-celery-results on the store's database) or, "
                          "with --store postgresql, postgresql: Celery's database backend on the store's database")
+    ap.add_argument("--store-replicas", type=int, default=0,
+                    help="the Redis store's replicas option: a replica of the store's server is started, and "
+                         "each write of a call waits until that many replicas have it (default 0)")
     ap.add_argument("--seed", type=int, default=None,
                     help="the rounds' variant order (default: a fresh one, printed and kept in the JSON)")
     args = ap.parse_args(argv)
@@ -410,6 +429,11 @@ def main(argv: list[str] | None = None) -> int:
             store_stats, args.store = PostgresStats(pg), pg.url
         if shared:
             args.store, store_srv = broker_srv.url, broker_srv
+        if args.store_replicas:
+            if store_stats is not None:
+                raise SystemExit("--store-replicas: for a Redis store")
+            for _ in range(args.store_replicas):
+                replica_of(stack.enter_context(redis_server()), store_srv)
         if args.results != "redis" and store_stats is None:
             raise SystemExit(f"--results {args.results}: with --store postgresql (results on its database)")
         backend = {"postgresql": f"db+{args.store}", "django-db": "django-db"}.get(args.results,
@@ -419,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
         django_db = {"BENCH_DJANGO_DB": libpq_url(args.store)} if args.results == "django-db" else {}
         env = {**django_db, "BENCH_BROKER": broker_srv.url, "BENCH_BACKEND": backend,
                "BENCH_STORE": args.store or store_srv.url, "BENCH_STORE_SERVER": store_srv.url,
-               "BENCH_QUEUE": QUEUE, "BENCH_BODY_MS": str(args.body_ms)}
+               "BENCH_QUEUE": QUEUE, "BENCH_BODY_MS": str(args.body_ms),
+               "BENCH_STORE_REPLICAS": str(args.store_replicas)}
         os.environ.update(env)  # before bench_app is imported: it reads them
         for pool in pools:
             rows += run_pool(pool, args, env, logdir, store_stats)
