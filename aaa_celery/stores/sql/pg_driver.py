@@ -1,14 +1,12 @@
 """The PostgreSQL store's hot path on the driver: ``register``, ``begin``, ``finish`` and the
 lease session's statements, sent by psycopg directly.
 
-SQLAlchemy builds each statement of :mod:`.queries` anew per call, derives its cache key
-and sets up an execution context around it: most of a guarded call's worker CPU on this
-store (``benchmarks/RESULTS.md``, 2026-12-01). The statements here are those of
-:mod:`.queries` with the same names, written once for PostgreSQL; the lease session's run
-as server-side prepared statements. Values are written as SQLAlchemy writes them (its
-``JSON`` columns hold ``json.dumps`` text), so rows written here and through :mod:`.queries`
-read alike, by this release and by 0.1.0 workers. The rest of the store (operators' verbs,
-recovery, runs, budgets) keeps SQLAlchemy.
+SQLAlchemy would build each statement anew per call, derive its cache key and set up an
+execution context around it: most of a guarded call's worker CPU on this store
+(``benchmarks/RESULTS.md``, 2026-12-01). So the hot path sends the compiled text of
+:mod:`.statements` (each written once, in SQLAlchemy Core) by psycopg; the lease session's
+statements, and :func:`autocommit`'s, run as server-side prepared statements. The rest of
+the store (operators' verbs, recovery, runs, budgets) keeps SQLAlchemy.
 
 A write transaction (:class:`Transaction`) sends its ``BEGIN`` with the row's ``SELECT ...
 FOR UPDATE``, and its writes with the ``COMMIT``, so an operation on a registered call is
@@ -22,7 +20,6 @@ the state the call is expected in (:class:`Planned`), made only if the row is in
 from __future__ import annotations
 
 import hashlib
-import json
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,69 +32,13 @@ from psycopg.rows import namedtuple_row
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import Pool, PoolProxiedConnection
 
-from ...lifecycle import FINISHED_HINT, CallSpec, Draft, Lease, Outcome, Writes, merge_spec, sweep_hint
+from ...lifecycle import CallSpec, Draft, Lease, Outcome, Writes, sweep_hint
 from .._writes import CallWriter
 from ..base import ResultRow
+from .statements import SELECT_EVENT_DATA, SQLWriter, Statement, dumps, lock_call, outcome_json
 
 #: psycopg's errors that mean the server or the connection failed (the store is unavailable).
 CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
-
-_CALL_COLUMNS = ("call_id, spec, attempts, registered_at, lease_token, lease_worker, lease_attempt,"
-                 " lease_expires_at, recovery_until, handed_on, handed")
-
-# -- Statements (positional parameters, in the order each docstring names) ------------------
-
-#: :func:`.queries.insert_new_call`: (call_id, spec JSON, registered_at); returns the id only
-#: if this inserted the row.
-INSERT_NEW_CALL = ("INSERT INTO aaa_calls (call_id, spec, attempts, registered_at, recovery_until, handed_on, handed)"
-                   " VALUES (%s, %s::json, 0, %s, 0.0, 0, 0) ON CONFLICT (call_id) DO NOTHING RETURNING call_id")
-
-#: :func:`.queries.select_call_and_result_for_update`: (call_id).
-SELECT_CALL_AND_RESULT_FOR_UPDATE = (
-    f"SELECT {', '.join('c.' + c.strip() for c in _CALL_COLUMNS.split(','))}, r.outcome"
-    " FROM aaa_calls c LEFT OUTER JOIN aaa_results r ON r.call_id = c.call_id"
-    " WHERE c.call_id = %s FOR UPDATE OF c")
-
-#: :func:`.queries.update_call_spec`: (spec JSON, call_id).
-UPDATE_CALL_SPEC = "UPDATE aaa_calls SET spec = %s::json WHERE call_id = %s"
-
-#: :func:`.queries.claim_attempt`: (attempt, token, worker, attempt, expiry or sweep hint, call_id).
-CLAIM_ATTEMPT = ("UPDATE aaa_calls SET attempts = %s, lease_token = %s, lease_worker = %s, lease_attempt = %s,"
-                 " lease_expires_at = %s, recovery_until = 0.0 WHERE call_id = %s")
-
-#: :func:`.queries.insert_result`: (call_id, outcome JSON, recorded_at).
-INSERT_RESULT = "INSERT INTO aaa_results (call_id, outcome, recorded_at) VALUES (%s, %s::json, %s)"
-
-#: :func:`.queries.clear_lease` without a token: (call_id).
-CLEAR_LEASE = ("UPDATE aaa_calls SET lease_token = NULL, lease_worker = NULL, lease_attempt = NULL,"
-               " lease_expires_at = NULL WHERE call_id = %s")
-
-#: :func:`.queries.clear_lease` with a token: (call_id, token).
-CLEAR_LEASE_OF = CLEAR_LEASE + " AND lease_token = %s"
-
-#: :func:`.queries.clear_finished_lease`: (``lifecycle.FINISHED_HINT``, call_id).
-CLEAR_FINISHED_LEASE = ("UPDATE aaa_calls SET lease_token = NULL, lease_worker = NULL, lease_attempt = NULL,"
-                        " lease_expires_at = %s WHERE call_id = %s")
-
-#: :func:`.queries.hand_on_attempt`: (attempt, now, call_id, token).
-HAND_ON_ATTEMPT = ("UPDATE aaa_calls SET handed_on = %s, handed = handed + 1, registered_at = %s,"
-                   " lease_token = NULL, lease_worker = NULL, lease_attempt = NULL, lease_expires_at = NULL"
-                   " WHERE call_id = %s AND lease_token = %s")
-
-#: :func:`.queries.insert_event_if_absent`: (event_id, call_id, type, attempt, data JSON, at).
-INSERT_EVENT_IF_ABSENT = ("INSERT INTO aaa_events (event_id, call_id, type, attempt, data, at)"
-                          " VALUES (%s, %s, %s, %s, %s::json, %s) ON CONFLICT (event_id) DO NOTHING")
-
-#: :func:`.queries.update_result`: (outcome JSON, call_id).
-UPDATE_RESULT = "UPDATE aaa_results SET outcome = %s::json WHERE call_id = %s"
-
-#: :func:`.queries.upsert_checkpoint`: (call_id, checkpoint, saved_at).
-UPSERT_CHECKPOINT = ("INSERT INTO aaa_checkpoints (call_id, checkpoint, saved_at) VALUES (%s, %s, %s)"
-                     " ON CONFLICT (call_id) DO UPDATE SET checkpoint = excluded.checkpoint,"
-                     " saved_at = excluded.saved_at")
-
-#: :func:`.queries.select_event_data`: (event_id).
-SELECT_EVENT_DATA = "SELECT data FROM aaa_events WHERE event_id = %s"
 
 #: The lease session's statements (:class:`~.lease_sessions.LeaseSession`); each also returns the
 #: backend pid. Take a lease: (key).
@@ -120,16 +61,6 @@ RENEW_OWN_LEASE = (
     " SELECT EXISTS (SELECT 1 FROM aaa_calls WHERE call_id = %s AND lease_token = %s), pg_backend_pid()")
 #: This session's backend pid: ().
 SESSION_PID = "SELECT true, pg_backend_pid()"
-
-dumps = json.dumps  # what SQLAlchemy's JSON columns write
-
-
-def outcome_json(outcome: Outcome) -> str:
-    """An outcome as :func:`.queries.insert_result` writes it (``json.dumps`` of its fields), the
-    same text: an outcome's fields hold JSON data only (the Redis store writes them as they
-    are), so ``dataclasses.asdict``'s deep copy (~6 µs a ``finish``) buys nothing."""
-    return dumps(outcome.__dict__)
-
 
 class _Prepared:
     """What :func:`fetch_prepared` keeps per connection: psycopg's adapter of its values, and
@@ -215,41 +146,6 @@ def session_run(conn: Any, statement: str, params: tuple[Any, ...]) -> tuple[Any
     return row[0], row[1]
 
 
-def claim_params(lease: Lease, now: float, call_id: str) -> tuple[Any, ...]:
-    """:data:`CLAIM_ATTEMPT`'s parameters (the lease's sweep hint as its expiry)."""
-    return lease.attempt, lease.token, lease.worker, lease.attempt, sweep_hint(lease, now), call_id
-
-
-class _Writer(CallWriter):
-    """The writes of one locked call, queued in its transaction (sent with the ``COMMIT``)."""
-
-    def __init__(self, tx: Transaction, call_id: str, now: float) -> None:
-        self.tx, self.call_id, self.now = tx, call_id, now
-
-    def claim(self, lease: Lease) -> None:
-        self.tx.queue(CLAIM_ATTEMPT, *claim_params(lease, self.now, self.call_id))
-
-    def record(self, outcome: Outcome) -> None:
-        self.tx.queue(INSERT_RESULT, self.call_id, outcome_json(outcome), self.now)
-        self.tx.queue(CLEAR_FINISHED_LEASE, FINISHED_HINT, self.call_id)
-
-    def append(self, event: Draft) -> None:
-        e = event.stamp(self.now)
-        self.tx.queue(INSERT_EVENT_IF_ABSENT, e.id, e.call_id, e.type, e.attempt, dumps(e.data), e.at)
-
-    def let_go(self, token: str) -> None:
-        self.tx.queue(CLEAR_LEASE_OF, self.call_id, token)
-
-    def settle(self, outcome: Outcome) -> None:
-        self.tx.queue(UPDATE_RESULT, outcome_json(outcome), self.call_id)
-
-    def checkpoint(self, checkpoint: str) -> None:
-        self.tx.queue(UPSERT_CHECKPOINT, self.call_id, checkpoint, self.now)
-
-    def hand_on(self, lease: Lease) -> None:
-        self.tx.queue(HAND_ON_ATTEMPT, lease.attempt, self.now, self.call_id, lease.token)
-
-
 class Transaction:
     """One write transaction on a pooled connection, in as few round trips as it can: the
     statements are queued, and a read (:meth:`lock_call`, :meth:`event_data`) or the
@@ -297,26 +193,24 @@ class Transaction:
         while self.cur.nextset():  # to the last statement's result
             pass
 
+    def run(self, statement: Statement, args: tuple[Any, ...]) -> None:
+        """Queue one of :mod:`.statements`' statements."""
+        self.queue(statement.postgresql, *args)
+
+    def fetch(self, statement: Statement, args: tuple[Any, ...]) -> Any:
+        """Run one of :mod:`.statements`' statements and return its first row (or None)."""
+        return self.read(statement.postgresql, *args)
+
     def lock_call(self, spec: CallSpec, now: float) -> tuple[Any, CallSpec]:
-        """:meth:`.store.SQLStore._lock_call` on the driver: lock the call's row (creating it),
-        with its outcome (``row.outcome``), and return it with the call's spec in force."""
-        row = self.read(SELECT_CALL_AND_RESULT_FOR_UPDATE, spec.call_id)
-        if row is None:
-            self.queue(INSERT_NEW_CALL, spec.call_id, dumps(spec.__dict__), now)
-            row = self.read(SELECT_CALL_AND_RESULT_FOR_UPDATE, spec.call_id)
-            assert row is not None
-        stored = CallSpec(**row.spec)
-        kept = merge_spec(stored, spec)
-        if kept is not stored:
-            self.queue(UPDATE_CALL_SPEC, dumps(kept.__dict__), kept.call_id)
-        return row, kept
+        """:meth:`.store.SQLStore._lock_call` on the driver (:func:`.statements.lock_call`)."""
+        return lock_call(self.fetch, self.run, spec, now)
 
     def event_data(self, event_id: str) -> dict[str, Any] | None:
-        row = self.read(SELECT_EVENT_DATA, event_id)
+        row = self.fetch(SELECT_EVENT_DATA, (event_id,))
         return None if row is None else row.data
 
     def writer(self, call_id: str, now: float) -> CallWriter:
-        return _Writer(self, call_id, now)
+        return SQLWriter(self.run, call_id, now)
 
 
 @contextmanager

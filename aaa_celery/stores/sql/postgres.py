@@ -93,16 +93,15 @@ from .pg_driver import (
     BEGIN_PLANNED,
     CONNECTION_ERRORS,
     FINISH_PLANNED,
-    INSERT_NEW_CALL,
     Planned,
     autocommit,
-    dumps,
     finish_planned_with_row,
     insert_result_row,
     quoted_name,
     transaction,
 )
 from .runs import SQLRuns
+from .statements import INSERT_NEW_CALL, dumps
 from .store import SQLStore, _outcome, call_state, lapsed_event
 
 _DRIVER_ERRORS = (exc.OperationalError, exc.InterfaceError)
@@ -358,8 +357,9 @@ class PostgresStore(SQLRuns, SQLStore):
         for retry in (True, False):
             try:
                 with wrap_errors(self.kind, *self._errors):
-                    if autocommit(self.engine.pool, self.engine.raw_connection(), INSERT_NEW_CALL,
-                                  (call.call_id, dumps(call.__dict__), now)) is not None:
+                    if autocommit(self.engine.pool, self.engine.raw_connection(), INSERT_NEW_CALL.postgresql,
+                                  INSERT_NEW_CALL.args(call_id=call.call_id, spec=dumps(call.__dict__),
+                                                       now=now)) is not None:
                         return
                 break
             except StoreUnavailable as e:

@@ -39,11 +39,6 @@ def lapsed_at(expires_at: sa.ColumnElement[Any], now: float) -> sa.ColumnElement
     return sa.or_(expires_at.is_(None), expires_at <= now)
 
 
-def insert_call_if_absent(insert: Insert, spec: CallSpec, now: float) -> sa.Executable:
-    """Register a call unless its row exists (the row is what the row lock locks)."""
-    row = {"call_id": spec.call_id, "spec": asdict(spec), "attempts": 0, "registered_at": now}
-    row["recovery_until"] = 0.0
-    return insert(calls).values(**row).on_conflict_do_nothing(index_elements=["call_id"])
 
 
 def select_call_for_update(call_id: str, *extra: sa.ColumnElement[Any]) -> sa.Select[Any]:
@@ -52,68 +47,18 @@ def select_call_for_update(call_id: str, *extra: sa.ColumnElement[Any]) -> sa.Se
     return sa.select(calls, *extra).where(calls.c.call_id == call_id).with_for_update()
 
 
-def select_call_and_result_for_update(call_id: str, *extra: sa.ColumnElement[Any]) -> sa.Select[Any]:
-    """:func:`select_call_for_update` with the call's recorded outcome beside its row (NULL if
-    none), in one round trip; only the call's row is locked."""
-    return (
-        sa.select(calls, results.c.outcome, *extra)
-        .outerjoin(results, results.c.call_id == calls.c.call_id)
-        .where(calls.c.call_id == call_id)
-        .with_for_update(of=calls)
-    )
 
 
-def insert_new_call(insert: Insert, spec: CallSpec, now: float) -> sa.Executable:
-    """:func:`insert_call_if_absent`, returning the call's id only if this inserted its row."""
-    return insert_call_if_absent(insert, spec, now).returning(calls.c.call_id)  # type: ignore[attr-defined,no-any-return]
 
 
-def update_call_spec(spec: CallSpec) -> sa.Update:
-    """Store the request of a call first registered without one."""
-    return calls.update().where(calls.c.call_id == spec.call_id).values(spec=asdict(spec))
 
 
-def claim_attempt(call_id: str, lease: Lease, now: float) -> sa.Update:
-    """Count a new attempt, give its lease to the claiming worker (its expiry, or a session
-    lease's :func:`~aaa_celery.lifecycle.sweep_hint`), and end any recovery hold: the
-    republished call was claimed, so a later crash may be recovered at once."""
-    return (
-        calls.update()
-        .where(calls.c.call_id == call_id)
-        .values(
-            attempts=lease.attempt,
-            lease_token=lease.token,
-            lease_worker=lease.worker,
-            lease_attempt=lease.attempt,
-            lease_expires_at=sweep_hint(lease, now),
-            recovery_until=0.0,
-        )
-    )
 
 
-def hand_on_attempt(call_id: str, lease: Lease, now: float) -> sa.Update:
-    """Mark the lease's attempt as the one that handed the call on, free the lease, and let
-    the call wait for its next delivery as if registered ``now``; matches no row unless
-    that lease still holds the call."""
-    return (
-        calls.update()
-        .where(calls.c.call_id == call_id, calls.c.lease_token == lease.token)
-        .values(handed_on=lease.attempt, handed=calls.c.handed + 1, registered_at=now, **_NO_LEASE)
-    )
 
 
-def clear_lease(call_id: str, token: str | None = None) -> sa.Update:
-    """Free a call's lease: any lease, or only the one with ``token``."""
-    stmt = calls.update().where(calls.c.call_id == call_id)
-    if token is not None:
-        stmt = stmt.where(calls.c.lease_token == token)
-    return stmt.values(**_NO_LEASE)
 
 
-def clear_finished_lease(call_id: str) -> sa.Update:
-    """Free the lease of a call whose result was just recorded, and mark its row as one the
-    recovery sweep never reads (:data:`~aaa_celery.lifecycle.FINISHED_HINT`)."""
-    return calls.update().where(calls.c.call_id == call_id).values(**{**_NO_LEASE, "lease_expires_at": FINISHED_HINT})
 
 
 def renew_ttl_lease(call_id: str, token: str, now: float, ttl_s: float) -> sa.Update:
@@ -130,29 +75,10 @@ def select_result(call_id: str) -> sa.Select[Any]:
     return sa.select(results.c.outcome).where(results.c.call_id == call_id)
 
 
-def insert_result(call_id: str, outcome: Outcome, now: float) -> sa.Insert:
-    """Record the call's one result. Only a write under the call's row lock, that found no
-    result, inserts one; a second insert would break the primary key."""
-    return results.insert().values(call_id=call_id, outcome=asdict(outcome), recorded_at=now)
 
 
-def insert_event_if_absent(insert: Insert, event: Event) -> sa.Executable:
-    """Append an audit event unless one with its id exists."""
-    row = {
-        "event_id": event.id,
-        "call_id": event.call_id,
-        "type": event.type,
-        "attempt": event.attempt,
-        "data": event.data,
-        "at": event.at,
-    }
-    # inline(): no RETURNING of the new id, which nobody reads (and a pipelined write cannot)
-    return insert(events).inline().values(**row).on_conflict_do_nothing(index_elements=["event_id"])
 
 
-def select_event_data(event_id: str) -> sa.Select[Any]:
-    """The data of one audit event, by its id."""
-    return sa.select(events.c.data).where(events.c.event_id == event_id)
 
 
 def select_events(call_id: str) -> sa.Select[Any]:
@@ -206,11 +132,6 @@ def lease_holds(call_id: str, token: str) -> sa.Select[Any]:
     return select_call_for_update(call_id).where(calls.c.lease_token == token)
 
 
-def upsert_checkpoint(insert: Insert, call_id: str, checkpoint: str, now: float) -> sa.Executable:
-    """Keep ``checkpoint`` as the call's last one."""
-    stmt = insert(checkpoints).values(call_id=call_id, checkpoint=checkpoint, saved_at=now)
-    return stmt.on_conflict_do_update(index_elements=["call_id"],
-                                      set_={"checkpoint": checkpoint, "saved_at": now})
 
 
 def select_checkpoint(call_id: str) -> sa.Select[Any]:
@@ -295,9 +216,6 @@ def select_resolved(call_ids: Sequence[str]) -> sa.Select[Any]:
     return sa.select(events.c.call_id).where(events.c.type == RESOLVED, events.c.call_id.in_(call_ids))
 
 
-def update_result(call_id: str, outcome: Outcome) -> sa.Update:
-    """Replace a call's result (an operator's resolution of a call in doubt, only)."""
-    return results.update().where(results.c.call_id == call_id).values(outcome=asdict(outcome))
 
 
 def select_finished_before(before: float, limit: int) -> sa.Select[Any]:

@@ -56,34 +56,24 @@ from ...lifecycle import (
     SlotPlan,
     PURGED,
 )
-from .._writes import CallWriter, apply
+from .._writes import apply
 from ..base import ResultCopy, Store, StoreVersion
 from ..budgets import check_spend
 from ..ops import CallRecord
 from .queries import (
     Insert,
     PAGE,
-    claim_attempt,
-    clear_finished_lease,
-    clear_lease,
     count_budget_spend,
     delete_budget_tokens,
-    hand_on_attempt,
     hold_recovery,
     insert_budget_if_absent,
-    insert_call_if_absent,
-    insert_event_if_absent,
-    insert_new_call,
-    insert_result,
     insert_slots_if_absent,
     lease_holds,
     select_budget_for_update,
     select_budget_token,
-    select_call_and_result_for_update,
     select_call_for_update,
     select_calls_page,
     select_checkpoint,
-    select_event_data,
     select_events,
     select_finished_before,
     select_recovery,
@@ -93,13 +83,11 @@ from .queries import (
     select_slots_for_update,
     select_unfinished,
     start_budget_window,
-    update_call_spec,
-    update_result,
     update_slots,
-    upsert_checkpoint,
     upsert_recovery,
 )
 from . import versions
+from .statements import INSERT_NEW_CALL, SQLWriter, SELECT_EVENT_DATA, Statement, dumps, lock_call
 from .schema import calls, checkpoints, events, recoveries, results
 
 # -- The store -------------------------------------------------------------------------
@@ -132,36 +120,9 @@ def call_state(row: Any, result: Outcome | None, holder_live: bool, lapsed_data:
                      row.handed_on, row.handed, token)
 
 
-@dataclass
-class _Writer(CallWriter):
-    """A call's rows, locked in the transaction ``conn``, written at ``now``."""
-
-    insert: Insert
-    conn: Connection
-    call_id: str
-    now: float
-
-    def claim(self, lease: Lease) -> None:
-        self.conn.execute(claim_attempt(self.call_id, lease, self.now))
-
-    def record(self, outcome: Outcome) -> None:
-        self.conn.execute(insert_result(self.call_id, outcome, self.now))
-        self.conn.execute(clear_finished_lease(self.call_id))
-
-    def append(self, event: Draft) -> None:
-        self.conn.execute(insert_event_if_absent(self.insert, event.stamp(self.now)))
-
-    def let_go(self, token: str) -> None:
-        self.conn.execute(clear_lease(self.call_id, token))
-
-    def settle(self, outcome: Outcome) -> None:
-        self.conn.execute(update_result(self.call_id, outcome))
-
-    def checkpoint(self, checkpoint: str) -> None:
-        self.conn.execute(upsert_checkpoint(self.insert, self.call_id, checkpoint, self.now))
-
-    def hand_on(self, lease: Lease) -> None:
-        self.conn.execute(hand_on_attempt(self.call_id, lease, self.now))
+def run_on(conn: Connection) -> Callable[[Statement, tuple[Any, ...]], Any]:
+    """Run a :class:`.statements.Statement` on ``conn``, a SQLAlchemy connection."""
+    return lambda statement, args: statement.execute(conn, args)
 
 
 class SQLStore(Store):
@@ -234,23 +195,13 @@ class SQLStore(Store):
     def _apply(self, conn: Connection, writes: Writes, call_id: str, now: float) -> Any:
         """Make ``writes`` on the locked call and return their reply; the last step of an
         operation's transaction (a backend may commit it here, with the writes)."""
-        return apply(writes, _Writer(self.insert, conn, call_id, now))
+        return apply(writes, SQLWriter(run_on(conn), call_id, now))
 
-    def _lock_call(
-        self, conn: Connection, spec: CallSpec, now: float, *extra: sa.ColumnElement[Any]
-    ) -> tuple[Row[Any], CallSpec]:
+    def _lock_call(self, conn: Connection, spec: CallSpec, now: float) -> tuple[Row[Any], CallSpec]:
         """Lock the call's row (creating it) and return it, with its recorded outcome
-        (``row.outcome``), and the call's spec in force. A registered call (the usual case
-        at ``begin`` and ``finish``) takes one statement."""
-        row = conn.execute(select_call_and_result_for_update(spec.call_id, *extra)).one_or_none()
-        if row is None:
-            conn.execute(insert_call_if_absent(self.insert, spec, now))
-            row = conn.execute(select_call_and_result_for_update(spec.call_id, *extra)).one()
-        stored = CallSpec(**row.spec)
-        kept = merge_spec(stored, spec)
-        if kept is not stored:
-            conn.execute(update_call_spec(kept))
-        return row, kept
+        (``row.outcome``), and the call's spec in force (:func:`.statements.lock_call`)."""
+        run = run_on(conn)
+        return lock_call(lambda statement, args: run(statement, args).first(), run, spec, now)
 
     def _result(self, conn: Connection, call_id: str) -> Outcome | None:
         return _outcome(conn.execute(select_result(call_id)).scalar_one_or_none())
@@ -261,7 +212,7 @@ class SQLStore(Store):
         call's last attempt was lost (only a delivery's decision needs it)."""
         result = _outcome(row.outcome) if "outcome" in row._fields else self._result(conn, row.call_id)
         lapsed = lapsed_event(row, result, holder_live) if cause else None
-        data = conn.execute(select_event_data(lapsed)).scalar_one_or_none() if lapsed else None
+        data = SELECT_EVENT_DATA.execute(conn, (lapsed,)).scalar_one_or_none() if lapsed else None
         return call_state(row, result, holder_live, data)
 
     def _begin(
@@ -374,7 +325,8 @@ class SQLStore(Store):
     def register(self, call: CallSpec) -> None:
         now = self.now()
         with self._write_one() as conn:  # a new call: one statement
-            if conn.execute(insert_new_call(self.insert, call, now)).first() is not None:
+            args = INSERT_NEW_CALL.args(call_id=call.call_id, spec=dumps(call.__dict__), now=now)
+            if INSERT_NEW_CALL.execute(conn, args).first() is not None:
                 return
         with self._write() as conn:  # a known call: keep what it stores, add what it lacks
             self._lock_call(conn, call, now)
