@@ -2,7 +2,7 @@
 
 Every store reads a call's state, asks these functions what to do, and applies
 the answer atomically. ``plan_begin``/``plan_finish``/``plan_fenced``/``plan_release``/``plan_hand_on``/``plan_record``
-(and ``plan_checkpoint``/``plan_settle``) return the decision as :class:`Writes`: the reply and every payload to write (the
+(and ``plan_checkpoint``/``plan_renew``/``plan_settle``) return the decision as :class:`Writes`: the reply and every payload to write (the
 lease, the one result, the audit event with its id and data). The memory and SQL
 stores apply them through one shared step (``stores/_writes.py``); the Redis store
 gets the same payloads from these functions as script arguments, and its Lua only
@@ -567,6 +567,8 @@ class Writes:
     - ``checkpoint``: keep this (a :class:`Checkpoint`'s JSON) as the call's last checkpoint.
     - ``settle``: replace the call's recorded result with this one (:func:`plan_settle`,
       :func:`plan_resolve`); the lease and the recovery index are as they were.
+    - ``renew``: this lease, live, holds the call: it lapses ``renew.ttl_s`` after the
+      store's now (a SQL row keeps that as its sweep hint, :func:`sweep_hint`).
     """
 
     reply: BeginResult | FinishResult | bool | None = None
@@ -577,6 +579,7 @@ class Writes:
     hand_on: Lease | None = None
     checkpoint: str | None = None
     settle: Outcome | None = None
+    renew: Lease | None = None
 
 
 def plan_begin(
@@ -645,9 +648,17 @@ def plan_checkpoint(lease: Lease, holds: bool, checkpoint: str) -> Writes:
     """``lease``'s attempt saves ``checkpoint``, as writes: kept as the call's last checkpoint
     (:func:`checked_checkpoint`, which raises ``ValueError`` for one no store keeps) only while
     that lease is live and holds the call (``holds``); the reply says whether it was kept.
-    (``lua/checkpoint.lua`` checks ``holds`` in the same step as the write.)"""
+    (Redis plans for a lease that holds, and ``lua/lease.lua`` applies the plan only while it does.)"""
     kept = checked_checkpoint(lease, checkpoint)
     return Writes(True, checkpoint=kept) if holds else Writes(False)
+
+
+def plan_renew(lease: Lease, holds: bool) -> Writes:
+    """``lease``'s holder renews it, as writes: only while that lease is live and holds the
+    call (``holds``), it then lapses ``lease.ttl_s`` from the store's now; the reply says
+    whether. (A lease bound to a session has no expiry to move: PostgreSQL asks its session
+    whether it still holds the lock, and moves the row's sweep hint on in the same statement.)"""
+    return Writes(True, renew=lease) if holds else Writes(False)
 
 
 def plan_release(lease: Lease) -> Writes:

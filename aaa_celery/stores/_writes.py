@@ -3,7 +3,7 @@
 A store reads a call's state under its lock, asks :mod:`aaa_celery.lifecycle` for
 the :class:`~aaa_celery.lifecycle.Writes` of the operation (``plan_begin``,
 ``plan_finish``, ``plan_fenced``, ``plan_release``, ``plan_hand_on``, ``plan_record``,
-``plan_checkpoint``, ``plan_settle``), and hands them to :func:`apply`
+``plan_checkpoint``, ``plan_renew``, ``plan_settle``), and hands them to :func:`apply`
 with a :class:`CallWriter`: the writes a backend knows how to make, on that
 one locked call. The Redis store applies the same writes in Lua (``lua/_lib.lua``).
 """
@@ -49,6 +49,10 @@ class CallWriter(abc.ABC):
     def checkpoint(self, checkpoint: str) -> None:
         """Keep ``checkpoint`` (a checkpoint's JSON) as the call's last one."""
 
+    @abc.abstractmethod
+    def renew(self, lease: Lease) -> None:
+        """``lease`` (live, holding the call) lapses ``lease.ttl_s`` from now."""
+
 
 def apply(writes: Writes, call: CallWriter) -> Any:
     """Make ``writes`` on ``call``, in :class:`~aaa_celery.lifecycle.Writes`' order, and
@@ -67,4 +71,6 @@ def apply(writes: Writes, call: CallWriter) -> Any:
         call.hand_on(writes.hand_on)
     if writes.checkpoint is not None:
         call.checkpoint(writes.checkpoint)
+    if writes.renew is not None:
+        call.renew(writes.renew)
     return writes.reply

@@ -38,6 +38,7 @@ from ..lifecycle import (
     plan_resolve,
     plan_recovery_claim,
     plan_release,
+    plan_renew,
     plan_settle,
     plan_slot,
     plan_spend,
@@ -123,6 +124,10 @@ class _Writer(CallWriter):
         self.call.lease = None
         self.call.registered_at = self.now
 
+    def renew(self, lease: Lease) -> None:
+        assert self.call.lease is not None
+        self.call.lease = replace(self.call.lease, expires_at=self.now + lease.ttl_s)
+
 
 class MemoryStore(MemoryRuns, Store):
     """A store in a dict, guarded by one lock. ``clock`` can be injected for tests;
@@ -160,12 +165,11 @@ class MemoryStore(MemoryRuns, Store):
 
     def renew(self, lease: Lease) -> bool:
         with self._lock:
-            now = self.now()
-            rec = self._calls.get(lease.call_id)
-            if rec is None or rec.lease is None or not rec.held_by(lease.token, now):
+            rec, now = self._calls.get(lease.call_id), self.now()
+            if rec is None:
                 return False
-            rec.lease = replace(rec.lease, expires_at=now + lease.ttl_s)
-            return True
+            renewed: bool = apply(plan_renew(lease, rec.held_by(lease.token, now)), _Writer(rec, now))
+            return renewed
 
     def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig,
                copy: ResultCopy | None = None) -> FinishResult:

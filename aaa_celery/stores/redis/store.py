@@ -60,7 +60,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, cast
 
 import redis
@@ -77,7 +77,6 @@ from ...lifecycle import (
     FAILED,
     STARTED,
     Checkpoint,
-    checked_checkpoint,
     Claimed,
     Draft,
     Event,
@@ -94,16 +93,19 @@ from ...lifecycle import (
     Stale,
     Writes,
     compact_json,
-    fenced_event,
     joined,
     merge_spec,
     plan_begin,
+    plan_checkpoint,
+    plan_fenced,
     plan_finish,
+    plan_hand_on,
+    plan_record,
     plan_recovery_claim,
+    plan_release,
+    plan_renew,
     plan_slot,
     plan_spend,
-    result_event,
-    retried_event,
     spec_rank,
 )
 from ..base import ResultCopy, Store, StoreVersion, new_token, wrap_errors
@@ -115,8 +117,7 @@ from .runs import RedisRuns
 
 #: ``finish.lua``'s copy arguments when there is no copy to write.
 _NO_COPY = ["", "", ""]
-_SCRIPTS = ("begin", "renew", "finish", "release", "fenced", "hand_on", "register", "claim_recovery", "record",
-            "checkpoint")
+_SCRIPTS = ("begin", "finish", "lease", "register", "claim_recovery", "record")
 _CALL_KEYS = ("spec", "attempts", "result", "lease", "events")
 _INDEXES = ("running", "unclaimed")
 #: How many calls' specs a store remembers, to plan ``finish``'s events in one round trip.
@@ -159,8 +160,9 @@ def _fresh(event: Draft, state: CallState) -> bool:
     return event.type in (COMPLETED, FAILED) and state.result is None
 
 
-def _pack(writes: Writes, state: CallState, retention_s: int) -> list[Any]:
-    """``writes`` (planned for ``state``) as ``lua/_lib.lua``'s apply reads them."""
+def _pack(writes: Writes, state: CallState | None, retention_s: int) -> list[Any]:
+    """``writes`` (planned for ``state``; None: a state that proves no event fresh) as
+    ``lua/_lib.lua``'s apply reads them."""
     args: list[Any] = []
     if writes.claim is not None:
         lease = writes.claim
@@ -168,11 +170,17 @@ def _pack(writes: Writes, state: CallState, retention_s: int) -> list[Any]:
     if writes.record is not None:
         args += ["record", _json(writes.record), retention_s]
     if writes.event is not None:
-        args += ["event", *_event_args(writes.event), "1" if _fresh(writes.event, state) else "0"]
+        args += ["event", *_event_args(writes.event), "1" if state and _fresh(writes.event, state) else "0"]
     if writes.let_go is not None:
         args += ["let_go", writes.let_go]
-    if writes.hand_on is not None:  # no plan these scripts apply hands a call on
-        raise AssertionError("hand_on is written by hand_on.lua")
+    if writes.hand_on is not None:
+        args += ["hand_on", writes.hand_on.attempt]
+    if writes.checkpoint is not None:
+        args += ["checkpoint", writes.checkpoint]
+    if writes.renew is not None:
+        args += ["renew", ms(writes.renew.ttl_s)]
+    if writes.settle is not None:  # a settlement is resolve.lua's compare-and-set
+        raise AssertionError("a settlement is written by resolve.lua")
     return args
 
 
@@ -397,8 +405,24 @@ class RedisStore(RedisRuns, Store):
         assert isinstance(begun, (Busy, Finished, Refused))
         return begun
 
+    def _as_holder(self, lease: Lease, plan: Callable[[bool], Writes], expect: Literal["holds", "known", ""]) -> Any:
+        """Apply ``plan(holds)`` (``holds``: whether ``lease`` is live and holds the call) by
+        ``lease.lua``: the plan for a holding lease if ``expect`` is ``holds``, applied only
+        while it holds, else the plan for a lease that does not hold, applied in the state
+        ``expect`` names (``known``: the call is known). Its reply."""
+        if expect == "holds":
+            held = plan(True)
+            if self._run("lease", lease.call_id, "holds", lease.token, *_pack(held, None, self.retention_s)):
+                return held.reply
+            expect = "known"
+        writes = plan(False)
+        args = _pack(writes, None, self.retention_s)
+        if args:
+            self._run("lease", lease.call_id, expect, lease.token, *args)
+        return writes.reply
+
     def renew(self, lease: Lease) -> bool:
-        return bool(self._run("renew", lease.call_id, lease.token, ms(lease.ttl_s)))
+        return bool(self._as_holder(lease, lambda holds: plan_renew(lease, holds), "holds"))
 
     def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig,
                copy: ResultCopy | None = None) -> FinishResult:
@@ -441,13 +465,13 @@ class RedisStore(RedisRuns, Store):
         return [int(copy.server.get("db") or 0), copy.value, copy.ttl_s or 0], (copy.key,)
 
     def release(self, lease: Lease) -> None:
-        self._run("release", lease.call_id, lease.token)
+        self._as_holder(lease, lambda holds: plan_release(lease), "")
 
     def fenced(self, lease: Lease, cause: str | None = None) -> None:
-        self._run("fenced", lease.call_id, lease.token, *_event_args(fenced_event(lease, cause)))
+        self._as_holder(lease, lambda holds: plan_fenced(lease, cause), "known")
 
     def hand_on(self, lease: Lease) -> None:
-        self._run("hand_on", lease.call_id, lease.token, lease.attempt, *_event_args(retried_event(lease)))
+        self._as_holder(lease, lambda holds: plan_hand_on(lease, holds), "holds")
 
     def register(self, call: CallSpec) -> None:
         self._run("register", call.call_id, *_spec_args(call))
@@ -493,18 +517,28 @@ class RedisStore(RedisRuns, Store):
         if kind not in RECORD_KINDS:
             raise ValueError(f"record kind must be one of {RECORD_KINDS}, not {kind!r}")
         spec = merge_spec(self._known_spec(call.call_id), call)
+        register = ["", "", "", ""] if kind == "abandon" else _spec_args(call)
+        # Planned first for the state a call recorded from outside usually is in: known, no
+        # result, ``outcome.attempt`` attempts, no live lease.
+        known, state = True, CallState(outcome.attempt)
         for _ in range(_TRIES):
-            reply = self._run("record", call.call_id, kind, outcome.attempt, _json(outcome), *_spec_args(call),
-                              spec.name, *_event_args(result_event(spec, outcome)), self.retention_s)
-            if reply[0] != "respec":
-                return bool(reply[0] == "recorded")
-            spec = CallSpec.from_json(reply[1])
-        raise RuntimeError(f"record.lua kept asking again for {call.call_id!r}: {reply!r}")
+            if not known:
+                return False  # recovery's call, never created here
+            writes = plan_record(kind, state, spec, outcome)
+            expected = f"1:{int(state.result is not None)}:{state.attempts}:{int(state.holder_live)}"
+            reply = self._run("record", call.call_id, *register, expected, spec.name,
+                              *_pack(writes, state, self.retention_s))
+            if reply[0] == 1:
+                return bool(writes.reply)
+            _, is_known, result, attempts, live, spec_json = reply
+            known = is_known == "1"
+            state = CallState(int(attempts), Outcome.from_json(result) if result else None, live == "1")
+            if spec_json:
+                spec = CallSpec.from_json(spec_json)
+        raise RuntimeError(f"the state of {call.call_id!r} kept changing while its outcome was recorded")
 
     def save_checkpoint(self, lease: Lease, checkpoint: str) -> bool:
-        # lifecycle.plan_checkpoint: the store keeps the checked checkpoint while the lease
-        # holds the call, which checkpoint.lua checks in the same step as the write.
-        return bool(self._run("checkpoint", lease.call_id, lease.token, checked_checkpoint(lease, checkpoint)))
+        return bool(self._as_holder(lease, lambda holds: plan_checkpoint(lease, holds, checkpoint), "holds"))
 
     def last_checkpoint(self, call_id: str) -> Checkpoint | None:
         with wrap_errors(self.kind, *ERRORS):

@@ -337,8 +337,8 @@ class Planned(CallWriter):
         """Whether ``writes`` are all writes the function of ``begin`` (else ``finish``) makes."""
         made = writes.claim if begin else writes.record
         unmade = (writes.record if begin else writes.claim, writes.let_go, writes.hand_on, writes.checkpoint,
-                  writes.settle)
-        return made is not None and unmade == (None,) * 5
+                  writes.settle, writes.renew)
+        return made is not None and unmade == (None,) * 6
 
     def claim(self, lease: Lease) -> None:
         self.claimed = (lease.attempt, lease.token, lease.worker, sweep_hint(lease, self.now))
@@ -360,4 +360,7 @@ class Planned(CallWriter):
         raise AssertionError("not a planned write")
 
     def checkpoint(self, checkpoint: str) -> None:
+        raise AssertionError("not a planned write")
+
+    def renew(self, lease: Lease) -> None:
         raise AssertionError("not a planned write")

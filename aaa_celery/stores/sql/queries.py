@@ -61,13 +61,6 @@ def select_call_for_update(call_id: str, *extra: sa.ColumnElement[Any]) -> sa.Se
 
 
 
-def renew_ttl_lease(call_id: str, token: str, now: float, ttl_s: float) -> sa.Update:
-    """Push back a live TTL lease's expiry; matches no row if the lease lapsed or moved."""
-    return (
-        calls.update()
-        .where(calls.c.call_id == call_id, calls.c.lease_token == token, live_at(calls.c.lease_expires_at, now))
-        .values(lease_expires_at=now + ttl_s)
-    )
 
 
 def select_result(call_id: str) -> sa.Select[Any]:

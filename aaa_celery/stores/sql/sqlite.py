@@ -31,10 +31,9 @@ from sqlalchemy.engine import Connection, Row
 from sqlalchemy.pool import StaticPool
 
 from ...config import GuardConfig
-from ...lifecycle import BeginResult, CallSpec, Lease, lapsed
+from ...lifecycle import BeginResult, CallSpec, lapsed
 from ..base import new_token, wrap_errors
 from .runs import SQLRuns
-from .queries import renew_ttl_lease
 from . import versions
 from .store import SQLStore
 
@@ -149,11 +148,6 @@ class SQLiteStore(SQLRuns, SQLStore):
             row, spec = self._lock_call(conn, call, now)
             live = bool(self._live([row], now, conn))
             return self._begin(conn, row, spec, worker, config, now, live, token or new_token())
-
-    def renew(self, lease: Lease) -> bool:
-        with self._write() as conn:
-            renewed = conn.execute(renew_ttl_lease(lease.call_id, lease.token, self.now(), lease.ttl_s))
-            return renewed.rowcount == 1
 
     def close(self) -> None:
         self.engine.dispose()

@@ -159,6 +159,12 @@ HAND_ON_ATTEMPT = statement(lambda insert: calls.update()
                             .values(handed_on=_p("attempt"), handed=calls.c.handed + _ONE, registered_at=_p("now"),
                                     **_NO_LEASE, lease_expires_at=sa.null()))
 
+#: Move a lease's expiry (a session lease's sweep hint) on, if the lease with ``token`` holds
+#: the call: (hint, call_id, token).
+RENEW_LEASE = statement(lambda insert: calls.update()
+                        .where(calls.c.call_id == _p("call_id"), calls.c.lease_token == _p("token"))
+                        .values(lease_expires_at=_p("hint")))
+
 #: Append an audit event unless one with its id exists (no ``RETURNING`` of the new row's
 #: id, which nobody reads): (event_id, call_id, type, attempt, data JSON, at).
 INSERT_EVENT_IF_ABSENT = statement(lambda insert: insert(events).inline().values(
@@ -214,6 +220,9 @@ class SQLWriter(CallWriter):
 
     def checkpoint(self, checkpoint: str) -> None:
         self.run(UPSERT_CHECKPOINT, UPSERT_CHECKPOINT.args(call_id=self.call_id, checkpoint=checkpoint, now=self.now))
+
+    def renew(self, lease: Lease) -> None:
+        self.run(RENEW_LEASE, RENEW_LEASE.args(hint=self.now + lease.ttl_s, call_id=self.call_id, token=lease.token))
 
     def hand_on(self, lease: Lease) -> None:
         self.run(HAND_ON_ATTEMPT, HAND_ON_ATTEMPT.args(attempt=lease.attempt, now=self.now, call_id=self.call_id,

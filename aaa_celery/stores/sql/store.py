@@ -48,6 +48,7 @@ from ...lifecycle import (
     plan_resolve,
     plan_recovery_claim,
     plan_release,
+    plan_renew,
     plan_settle,
     lapsed,
     plan_slot,
@@ -130,7 +131,7 @@ class SQLStore(Store):
 
     Subclasses set :attr:`insert`, and implement :meth:`_write` and
     :meth:`_read` (transactions, with driver errors wrapped), :meth:`_live`,
-    :meth:`begin`, :meth:`renew` and :meth:`_let_go`.
+    :meth:`begin` and :meth:`_let_go`, and :meth:`renew` unless their leases have a TTL.
     """
 
     #: The dialect's ``insert`` (it must have ``on_conflict_do_nothing``).
@@ -300,12 +301,21 @@ class SQLStore(Store):
             self._let_go(lease)
 
     def save_checkpoint(self, lease: Lease, checkpoint: str) -> bool:
+        return self._as_holder(lease, lambda holds: plan_checkpoint(lease, holds, checkpoint))
+
+    def renew(self, lease: Lease) -> bool:
+        """Renew a TTL lease (:func:`~aaa_celery.lifecycle.plan_renew`); a backend whose
+        leases have no TTL renews otherwise."""
+        return self._as_holder(lease, lambda holds: plan_renew(lease, holds))
+
+    def _as_holder(self, lease: Lease, plan: Callable[[bool], Writes]) -> bool:
+        """Apply ``plan(holds)``, ``holds``: whether ``lease`` is live and holds the call; its reply."""
         with self._write() as conn:
             row = conn.execute(lease_holds(lease.call_id, lease.token)).one_or_none()
             now = self.now()
             holds = row is not None and row.call_id in self._live([row], now, conn)
-            kept: bool = self._apply(conn, plan_checkpoint(lease, holds, checkpoint), lease.call_id, now)
-            return kept
+            done: bool = self._apply(conn, plan(holds), lease.call_id, now)
+            return done
 
     def last_checkpoint(self, call_id: str) -> Checkpoint | None:
         with self._read() as conn:

@@ -28,12 +28,13 @@
 -- store that JSON as it is and never build or edit JSON text: the one thing they add
 -- is the server's time of an event, kept beside the event's JSON (push_event).
 --
--- Plans. begin.lua and finish.lua get lifecycle's decision, planned in Python for the state
--- Python expects the call to be in (lifecycle.Writes, packed by store.py's _pack), with that
--- expected state. They read the call's state, and if it is the expected one they apply the
--- plan (apply below); else they write nothing (but the delivered spec) and reply the state
--- they read, for Python to plan again. They decide nothing: every rule is lifecycle's.
--- (record.lua, whose payload depends only on the spec, still answers {"respec", ...}.)
+-- Plans. begin.lua, finish.lua, record.lua and lease.lua get lifecycle's decision, planned
+-- in Python for the state Python expects the call to be in (lifecycle.Writes, packed by
+-- store.py's _pack), with that expected state. They read the call's state, and if it is the
+-- expected one they apply the plan (apply below); else they write nothing (but the delivered
+-- spec) and reply the state they read, for Python to plan again (lease.lua replies only that
+-- it wrote nothing: the plan for a lease that does not hold is known). They decide nothing:
+-- every rule is lifecycle's.
 
 local SPEC, ATTEMPTS, RESULT, LEASE, EVENTS, RUNNING, UNCLAIMED, RECOVERY, CALLS = unpack(KEYS)
 local CALL = ARGV[1]
@@ -73,16 +74,6 @@ local function drop_lease()
   redis.call('ZADD', RUNNING, 'XX', 0, CALL)
 end
 
--- The spec in force, if its name and idempotency key (all of it that event data shows)
--- differ from those the payloads were built for; nil when the payloads are right.
-local function respec(name, ikey)
-  local spec = redis.call('HMGET', SPEC, 'name', 'ikey', 'json')
-  if spec[1] == name and (ikey == nil or spec[2] == ikey) then
-    return nil
-  end
-  return spec[3]
-end
-
 -- Append the audit event `event` (lifecycle's JSON, id `id`) unless an entry with that id
 -- exists. An entry is a JSON object {"id": id, "at": server time "<s>.<us>", "event": the
 -- event's JSON as a string}, encoded by cjson: the event's own JSON is kept byte for byte
@@ -115,14 +106,6 @@ local function set_result(outcome, retention)
   redis.call('DEL', LEASE)
   redis.call('ZREM', RUNNING, CALL)
   redis.call('ZREM', UNCLAIMED, CALL)
-end
-
--- Record the call's one result (`outcome`, with its event), free its lease, drop it from
--- the indexes and keep its keys for `retention` seconds. Only for a call without a result.
-local function record(outcome, event_id, event, at, retention)
-  set_result(outcome, retention)
-  append_event(event_id, event, at)
-  retain(retention)
 end
 
 -- The spec fields to write for a delivered spec (`json`, `name`, `ikey`, its spec_rank `rank`),
@@ -179,6 +162,15 @@ end
 --                                              (its id is only written with a later attempt's
 --                                              claim or with the result), so no scan (CallWriter.append)
 --   'let_go', token                            free the lease if this token holds it (CallWriter.let_go)
+--   'hand_on', attempt                         the live lease's attempt hands the call on: the
+--                                              lease is freed, the call leaves the running index
+--                                              for the unclaimed one, scored now, so recovery
+--                                              brings it back only once the unclaimed grace has
+--                                              passed, and the calls index scores it now (seen
+--                                              now: lifecycle.purgeable) (CallWriter.hand_on)
+--   'checkpoint', JSON                         the call's last checkpoint, which expires with
+--                                              the call's record (CallWriter.checkpoint)
+--   'renew', ttl (ms)                          the live lease lapses ttl from now (CallWriter.renew)
 -- `fields`: spec field, value pairs still to write, written with the claim's token in one HSET.
 -- Returns the claimed lease's expiry (ms), or 0.
 local function apply(i, now, at, fields)
@@ -212,6 +204,22 @@ local function apply(i, now, at, fields)
       if holds(ARGV[i + 1]) then
         drop_lease()
       end
+      i = i + 2
+    elseif op == 'hand_on' then
+      redis.call('HSET', SPEC, 'handed_on', ARGV[i + 1])
+      redis.call('HINCRBY', SPEC, 'handed', 1)
+      redis.call('HDEL', SPEC, 'token')
+      redis.call('DEL', LEASE)
+      redis.call('ZREM', RUNNING, CALL)
+      redis.call('ZADD', UNCLAIMED, now, CALL)
+      redis.call('ZADD', CALLS, 'XX', now, CALL)
+      i = i + 2
+    elseif op == 'checkpoint' then
+      redis.call('HSET', SPEC, 'checkpoint', ARGV[i + 1])
+      i = i + 2
+    elseif op == 'renew' then
+      lease_until(now + tonumber(ARGV[i + 1]))
+      redis.call('ZADD', RUNNING, 'XX', now + tonumber(ARGV[i + 1]), CALL)
       i = i + 2
     else
       error('unknown write in a plan: ' .. tostring(op))

@@ -1,42 +1,36 @@
--- record.lua: record an outcome from outside an attempt (lifecycle.plan_record), with no lease.
+-- record.lua: apply lifecycle.plan_record's writes for an outcome recorded from outside an
+-- attempt, if the call is in the state they were planned for (a compare-and-set); else reply
+-- the state it is in.
 --
 -- KEYS: the call keys of _lib.lua.
--- ARGV[1] call id     ARGV[2] kind: "first", "fenced" or "abandon" (lifecycle.RecordKind)
--- ARGV[3] the outcome's attempt (fenced: the latest attempt it may end; abandon: the
---   attempt count it was built for)     ARGV[4] the Outcome JSON
--- ARGV[5] CallSpec JSON   ARGV[6] name   ARGV[7] idempotency key   ARGV[8] spec_rank
---   of the call to register first (first, fenced; as register.lua)
--- ARGV[9] name of the spec the event below was built for
--- ARGV[10], ARGV[11] id and JSON of the result event (lifecycle.result_event)
--- ARGV[12] retention of a finished call's keys (s)
--- Touches: spec (first, fenced: created or merged); on record result, lease, events,
--- running, unclaimed, recovery and the TTLs (record).
--- Returns {"recorded"}; {"refused"}, having written nothing but the spec, when
--- lifecycle.record_allowed says no (a result exists; fenced: a later attempt started;
--- abandon: an unknown call, a live lease, or another attempt count); or {"respec", spec
--- JSON} having written nothing but the spec: the event was built for another spec.
+-- ARGV[1] call id
+-- ARGV[2] CallSpec JSON   ARGV[3] name   ARGV[4] idempotency key   ARGV[5] spec_rank of the
+--   call to register first, as register.lua would; '' '' '' '': a call recovery knows, never
+--   registered here
+-- The expected state (as RedisStore.record sends it):
+--   ARGV[6] "<known>:<result>:<attempts>:<live>" (known: 1 if the call's spec exists; result:
+--   1 if it has a result; live: 1 if a lease holds it)   ARGV[7] name of the spec in force
+-- ARGV[8...] the plan's writes (_lib.lua's apply): 'record' and 'event', or none.
+-- Checks, and nothing else: that the call's keys hold the state above.
+-- Touches: spec (created or merged, unless ARGV[2] is ''); with the writes, what they touch,
+-- and recovery (deleted: the call has its result).
+-- Returns {1}: the writes are applied; or, having written nothing but the spec, {0, known,
+--   result JSON or false, attempts, live, spec JSON or false}: the state now.
 
-local kind = ARGV[2]
-if kind == 'abandon' then
-  if redis.call('EXISTS', SPEC) == 0 or redis.call('EXISTS', LEASE) == 1 then
-    return {'refused'}
+if ARGV[2] ~= '' then
+  ensure_spec(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+end
+local spec = redis.call('HMGET', SPEC, 'name', 'json')
+local state = redis.call('MGET', RESULT, ATTEMPTS)
+local known = spec[1] and '1' or '0'
+local attempts = state[2] or '0'
+local live = redis.call('EXISTS', LEASE) == 1 and '1' or '0'
+if ARGV[6] == known .. ':' .. (state[1] and '1' or '0') .. ':' .. attempts .. ':' .. live and ARGV[7] == (spec[1] or '') then
+  local now, at = clock()
+  apply(8, now, at, {})
+  if ARGV[8] then
+    redis.call('DEL', RECOVERY)
   end
-else
-  ensure_spec(ARGV[5], ARGV[6], ARGV[7], ARGV[8])
+  return {1}
 end
-if redis.call('EXISTS', RESULT) == 1 then
-  return {'refused'}
-end
-local attempts = tonumber(redis.call('GET', ATTEMPTS) or '0')
-local attempt = tonumber(ARGV[3])
-if (kind == 'fenced' and attempts > attempt) or (kind == 'abandon' and attempts ~= attempt) then
-  return {'refused'}
-end
-local spec = respec(ARGV[9], nil)
-if spec then
-  return {'respec', spec}
-end
-local _, at = clock()
-record(ARGV[4], ARGV[10], ARGV[11], at, ARGV[12])
-redis.call('DEL', RECOVERY)
-return {'recorded'}
+return {0, known, state[1], attempts, live, spec[2]}
