@@ -571,7 +571,7 @@ class Writes:
       store's now (a SQL row keeps that as its sweep hint, :func:`sweep_hint`).
     """
 
-    reply: BeginResult | FinishResult | bool | None = None
+    reply: BeginResult | FinishResult | Outcome | bool | None = None
     claim: Lease | None = None
     record: Outcome | None = None
     event: Draft | None = None
@@ -705,14 +705,44 @@ def plan_record(kind: RecordKind, state: CallState, call: CallSpec, outcome: Out
     return Writes(True, record=outcome, event=result_event(call, outcome))
 
 
-def awaits_recovery(attempts: int, handed_on: int, seen_at: float, now: float, grace_s: float) -> bool:
-    """Whether recovery brings back a call that has no result and no live lease
-    (``Store.expired``): its last attempt was lost (claimed, and it did not hand the call
+def held_by(lease_token: str | None, token: str, live: bool) -> bool:
+    """Whether the lease with ``token`` holds the call whose lease has ``lease_token``
+    (None: none) and is ``live`` or not: it is the call's lease, and live. (SQL's
+    ``lease_holds`` and ``lua/_lib.lua``'s ``holds`` ask the same, a lapsed Redis lease's key
+    being gone.)"""
+    return live and bool(lease_token) and lease_token == token
+
+
+def fresh_event(event: Draft, state: CallState) -> bool:
+    """Whether a call in ``state`` proves that no event with ``event``'s id is in its trail
+    (a store may then append it without reading the trail): an attempt's started event is
+    written only by its claim, and the result event only with the result."""
+    if event.type == STARTED:
+        return event.attempt > state.attempts
+    return event.type in (COMPLETED, FAILED) and state.result is None
+
+
+def lost_cause_event(call_id: str, attempts: int, result: Outcome | None, holder_live: bool) -> str | None:
+    """The id of the event that may say why the call's last attempt was lost
+    (``CallState.lost_cause``: its holder's ``aaa.tool.fenced``): only a call claimed before,
+    without a result, whose lease is not live has one to look up; None for any other.
+    (``lua/begin.lua`` reads it for the same calls.)"""
+    if holder_live or attempts == 0 or result is not None:
+        return None
+    return event_id(call_id, FENCED, attempts)
+
+
+def awaits_recovery(attempts: int, handed_on: int, seen_at: float, now: float, grace_s: float,
+                    result: Outcome | None = None, holder_live: bool = False) -> bool:
+    """Whether recovery brings back a call (``Store.expired``): one that has no ``result``
+    and no live lease (``holder_live``) whose last attempt was lost (claimed, and it did not hand the call
     on), or nobody claimed the call within ``grace_s`` of when it was seen (registered, or
     handed on). SQL evaluates it in ``select_unfinished``'s ``WHERE``; Redis keeps it as its
     two indexes: ``running`` (claimed, scored by lease expiry; a hand-on leaves it) and
     ``unclaimed`` (scored by when the call was seen). Both read the second half as a range,
     ``seen_at <= now - grace_s``, as it is written here."""
+    if result is not None or holder_live:
+        return False
     lost = attempts > 0 and handed_on != attempts
     return lost or seen_at <= now - grace_s
 
@@ -724,17 +754,20 @@ def recovery_hold(tries: int, hold_s: float, max_hold_s: float | None) -> float:
     return float(min(longest, hold_s * 2 ** (tries - 1)))
 
 
-def plan_recovery_claim(attempts: int, counted: tuple[int, int] | None, held_until: float, now: float,
+def plan_recovery_claim(state: CallState | None, counted: tuple[int, int] | None, held_until: float, now: float,
                         hold_s: float, max_hold_s: float | None) -> tuple[int, float] | None:
-    """A sweep's claim of the right to republish a call that has no result and no live lease
-    (``Store.claim_recovery``; the store checks those two): None while an earlier republish
-    holds it (until ``held_until``), else ``(tries, until)``. ``counted`` is the call's
-    republish count so far with the attempt count it was counted at: a claim (a new attempt)
-    restarts it, so ``tries`` is 1 again; ``until`` backs off with :func:`recovery_hold`.
-    (``lua/claim_recovery.lua`` makes the same decision in its one round trip.)"""
-    if held_until > now:
+    """A sweep's claim of the right to republish a call (``Store.claim_recovery``), whose
+    state is ``state`` (None: a call the store does not know): None for a call recovery does
+    not bring back (unknown, finished, or held by a live lease) and while an earlier
+    republish holds it (until ``held_until``), else ``(tries, until)``. ``counted`` is the
+    call's republish count so far with the attempt count it was counted at: a claim (a new
+    attempt) restarts it, so ``tries`` is 1 again; ``until`` backs off with
+    :func:`recovery_hold`. (A store may plan for a lease it has not looked at yet, as not
+    live, and plan again if it is: ``lua/claim_recovery.lua`` applies a plan only in the
+    state it was made for.)"""
+    if state is None or state.result is not None or state.holder_live or held_until > now:
         return None
-    tries = counted[1] + 1 if counted is not None and counted[0] == attempts else 1
+    tries = counted[1] + 1 if counted is not None and counted[0] == state.attempts else 1
     return tries, now + recovery_hold(tries, hold_s, max_hold_s)
 
 
@@ -748,8 +781,23 @@ def purgeable(result: Outcome | None, seen_at: float, before: float) -> bool:
     :data:`PURGED` names): only a call with its result, seen before the cutoff. A call is
     seen when it is registered (or first delivered), and again when an attempt hands it on
     to its next delivery (it then waits as a newly registered call): ``CallRecord.seen_at``.
-    (SQL's ``select_finished_before`` and ``lua/purge.lua`` evaluate it server-side.)"""
+    (SQL's ``select_finished_before`` evaluates it server-side; Redis plans by
+    :func:`plan_purge`.)"""
     return result is not None and seen_at < before
+
+
+def plan_purge(known: bool, result: Outcome | None, seen_at: float | None, before: float) -> Literal["call", "entry"] | None:
+    """What a purge with cutoff ``before`` deletes of a call the store may not know
+    (``known``) but lists as seen at ``seen_at`` (None: not listed), both on one clock:
+    every record of it (``call``) if :func:`purgeable`; only its listing (``entry``) for a
+    call whose records are gone already (a store whose finished records expire: Redis) and
+    that was seen before the cutoff; else nothing (None). ``lua/purge.lua`` applies the plan
+    in the state it was made for."""
+    if seen_at is None or seen_at >= before:
+        return None
+    if not known:
+        return "entry"
+    return "call" if purgeable(result, seen_at, before) else None
 
 
 # -- Budgets ----------------------------------------------------------------------------
@@ -822,8 +870,9 @@ IN_DOUBT = ("OutcomeUnknown", "ExecutionAbandoned")
 
 
 def plan_resolve(call: CallSpec, current: Outcome | None, verdict: Literal["completed", "failed"],
-                 note: str, by: str, value: Any = None) -> tuple[Outcome, Draft]:
-    """The result and the audit event that settle a call in doubt as ``verdict``.
+                 note: str, by: str, value: Any = None) -> Writes:
+    """An operator's verdict on a call in doubt, as writes: the result that settles it as
+    ``verdict`` (also the reply), with its audit event, replacing ``current``.
 
     Raises:
         NotResolvable: the call has no result yet (it may still run: wait, or let the
@@ -845,7 +894,8 @@ def plan_resolve(call: CallSpec, current: Outcome | None, verdict: Literal["comp
             "was": {"error": current.error, "message": current.message}}
     if verdict == "completed":
         data["value"] = value
-    return outcome, Draft(event_id(call.call_id, RESOLVED, current.attempt), RESOLVED, call.call_id, current.attempt, data)
+    event = Draft(event_id(call.call_id, RESOLVED, current.attempt), RESOLVED, call.call_id, current.attempt, data)
+    return Writes(outcome, settle=outcome, event=event)
 
 
 # -- Concurrency slots --------------------------------------------------------------------

@@ -12,7 +12,6 @@ from ..config import GuardConfig
 from ..lifecycle import (
     BeginResult,
     CallSpec,
-    FENCED,
     RESOLVED,
     CallState,
     Checkpoint,
@@ -25,9 +24,10 @@ from ..lifecycle import (
     SlotPlan,
     Writes,
     awaits_recovery,
+    held_by,
+    lost_cause_event,
     joined,
     lapsed,
-    event_id,
     merge_spec,
     plan_begin,
     plan_checkpoint,
@@ -72,15 +72,13 @@ class _Call:
 
     def held_by(self, token: str, now: float) -> bool:
         """Whether the lease with ``token`` is live and holds the call."""
-        return self.live(now) and self.lease is not None and self.lease.token == token
+        return held_by(self.lease.token if self.lease is not None else None, token, self.live(now))
 
     def state(self, now: float) -> CallState:
         token = self.lease.token if self.lease is not None else ""
         if not self.live(now):
-            cause = ""
-            if self.attempts > 0 and self.result is None:  # a lapsed call: did its holder say why?
-                fenced = event_id(self.spec.call_id, FENCED, self.attempts)
-                cause = next((str(e.data.get("cause") or "") for e in self.events if e.id == fenced), "")
+            fenced = lost_cause_event(self.spec.call_id, self.attempts, self.result, False)
+            cause = next((str(e.data.get("cause") or "") for e in self.events if e.id == fenced), "") if fenced else ""
             return CallState(self.attempts, self.result, handed_on=self.handed_on, handed=self.handed, token=token,
                              lost_cause=cause)
         assert self.lease is not None
@@ -232,8 +230,8 @@ class MemoryStore(MemoryRuns, Store):
             now = self.now() if now is None else now
             out = []
             for rec in self._calls.values():
-                if rec.result is None and not rec.live(now) and awaits_recovery(
-                        rec.attempts, rec.handed_on, rec.registered_at, now, unclaimed_grace_s):
+                if awaits_recovery(rec.attempts, rec.handed_on, rec.registered_at, now, unclaimed_grace_s,
+                                   rec.result, rec.live(now)):
                     out.append(rec.spec)
             return out
 
@@ -241,11 +239,13 @@ class MemoryStore(MemoryRuns, Store):
         with self._lock:
             rec = self._calls.get(call_id)
             now = self.now()
-            if rec is None or rec.result is not None or rec.live(now):
-                return 0
-            claim = plan_recovery_claim(rec.attempts, (rec.recovery_attempts, rec.recovery_tries), rec.recovery_until,
-                                        now, hold_s, max_hold_s)
-            if claim is None:
+            if rec is None:
+                claim = plan_recovery_claim(None, None, 0.0, now, hold_s, max_hold_s)
+            else:
+                claim = plan_recovery_claim(CallState(rec.attempts, rec.result, rec.live(now)),
+                                            (rec.recovery_attempts, rec.recovery_tries), rec.recovery_until,
+                                            now, hold_s, max_hold_s)
+            if rec is None or claim is None:
                 return 0
             (rec.recovery_tries, rec.recovery_until), rec.recovery_attempts = claim, rec.attempts
             return rec.recovery_tries
@@ -277,10 +277,10 @@ class MemoryStore(MemoryRuns, Store):
                 value: Any = None) -> Outcome:
         with self._lock:
             rec = self._calls.get(call_id)
-            outcome, event = plan_resolve(rec.spec if rec else CallSpec(call_id), rec.result if rec else None,
-                                          verdict, note, by, value)
+            writes = plan_resolve(rec.spec if rec else CallSpec(call_id), rec.result if rec else None,
+                                  verdict, note, by, value)
             assert rec is not None
-            apply(Writes(settle=outcome, event=event), _Writer(rec, self.now()))
+            outcome: Outcome = apply(writes, _Writer(rec, self.now()))
             return outcome
 
     def settle(self, call_id: str, expected: Outcome, outcome: Outcome, event: Draft) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from aaa_celery.lifecycle import (
-    MAX_CHECKPOINT_BYTES, PURGED, Checkpoint, Lease, Outcome, Spend, awaits_recovery, checkpoint_json, plan_checkpoint, plan_spend, purgeable,
+    MAX_CHECKPOINT_BYTES, PURGED, Checkpoint, Lease, Outcome, Spend, awaits_recovery, checkpoint_json, lost_cause_event, plan_checkpoint, plan_purge, plan_spend, purgeable,
 )
 
 LEASE = Lease("c", 2, "w", "t", 10.0, 110.0)
@@ -36,6 +36,15 @@ def test_a_purge_deletes_finished_calls_seen_before_the_cutoff_and_all_they_keep
     assert set(PURGED) == {"result", "events", "checkpoint", "recovery", "call"} and PURGED[-1] == "call"
 
 
+def test_a_purge_plan_deletes_a_purgeable_call_or_the_listing_of_one_whose_records_are_gone():
+    done = Outcome.success(1, 1)
+    assert plan_purge(True, done, 99.0, 100.0) == "call"
+    assert plan_purge(True, None, 99.0, 100.0) is None  # running: kept
+    assert plan_purge(True, done, 100.0, 100.0) is None  # seen again since: kept
+    assert plan_purge(False, None, 99.0, 100.0) == "entry"  # its records expired
+    assert plan_purge(False, None, None, 100.0) is None  # not listed: nothing to do
+
+
 def test_a_spend_counts_a_token_once_per_window_within_the_limit():
     # window 10 s: now 105 is window 10
     assert plan_spend(None, 0.0, False, 2.0, 3.0, 10.0, 105.0) == Spend(True, 10, True, 2.0)
@@ -52,3 +61,13 @@ def test_recovery_brings_back_a_lost_attempt_at_once_and_an_unclaimed_call_after
     assert not awaits_recovery(1, 1, 100.0, 159.9, 60.0)  # handed on: waits as a new call
     assert awaits_recovery(1, 1, 100.0, 160.0, 60.0) and awaits_recovery(0, 0, 100.0, 160.0, 60.0)
     assert not awaits_recovery(0, 0, 100.0, 159.9, 60.0)  # registered, within its grace
+    # a call with a result, or one a live lease holds, is never brought back
+    assert not awaits_recovery(1, 0, 100.0, 200.0, 60.0, result=Outcome.success(1, 1))
+    assert not awaits_recovery(1, 0, 100.0, 200.0, 60.0, holder_live=True)
+
+
+def test_only_a_lapsed_claimed_call_without_a_result_has_a_lost_cause_to_look_up():
+    assert lost_cause_event("c", 2, None, False) == "c:attempt:2:fenced"
+    assert lost_cause_event("c", 0, None, False) is None  # never claimed
+    assert lost_cause_event("c", 2, None, True) is None  # its lease is live
+    assert lost_cause_event("c", 2, Outcome.success(1, 2), False) is None  # finished

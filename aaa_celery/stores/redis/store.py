@@ -1,8 +1,8 @@
 """The Redis store: a TTL lease, with one Lua script (one round trip) per operation.
 
-Each script in ``lua/`` makes a decision of :mod:`aaa_celery.lifecycle` atomic and
+Each script in ``lua/`` applies a decision of :mod:`aaa_celery.lifecycle` atomically and
 documents its KEYS, ARGV, what it checks and its return value; ``lua/_lib.lua``
-holds the helpers they share. Leases and event times use the server's clock, so workers with
+holds the helpers they share, and the one ``apply`` of a plan's writes. Leases and event times use the server's clock, so workers with
 skewed clocks agree.
 
 **Plans.** Lifecycle decides every write (``plan_begin``, ``plan_finish``,
@@ -73,9 +73,6 @@ from ...lifecycle import (
     Busy,
     CallSpec,
     CallState,
-    COMPLETED,
-    FAILED,
-    STARTED,
     Checkpoint,
     Claimed,
     Draft,
@@ -93,6 +90,7 @@ from ...lifecycle import (
     Stale,
     Writes,
     compact_json,
+    fresh_event,
     joined,
     merge_spec,
     plan_begin,
@@ -101,8 +99,10 @@ from ...lifecycle import (
     plan_finish,
     plan_hand_on,
     plan_record,
+    plan_purge,
     plan_recovery_claim,
     plan_release,
+    plan_settle,
     plan_renew,
     plan_slot,
     plan_spend,
@@ -115,6 +115,9 @@ from .client import CLUSTER_SCHEMES, CONNECT_ERRORS, ERRORS, SOCKET_TIMEOUT_S, e
 from . import format_version
 from .runs import RedisRuns
 
+#: Stands for a call's result where a plan needs only to know that there is one (a recovery
+#: claim, a purge): the scripts reply whether a call has a result, not the result itself.
+_SOME_RESULT = Outcome.failure("", "")
 #: ``finish.lua``'s copy arguments when there is no copy to write.
 _NO_COPY = ["", "", ""]
 _SCRIPTS = ("begin", "finish", "lease", "register", "claim_recovery", "record")
@@ -151,15 +154,6 @@ def _expected(state: CallState, spec: CallSpec) -> list[Any]:
             spec.idempotency_key, state.lost_cause]
 
 
-def _fresh(event: Draft, state: CallState) -> bool:
-    """Whether ``state`` proves that no event with ``event``'s id is in the call's trail, so
-    the script appends it without reading the trail: an attempt's started event is written
-    only by its claim, and the result event only with the result (and expires with it)."""
-    if event.type == STARTED:
-        return event.attempt > state.attempts
-    return event.type in (COMPLETED, FAILED) and state.result is None
-
-
 def _pack(writes: Writes, state: CallState | None, retention_s: int) -> list[Any]:
     """``writes`` (planned for ``state``; None: a state that proves no event fresh) as
     ``lua/_lib.lua``'s apply reads them."""
@@ -169,8 +163,10 @@ def _pack(writes: Writes, state: CallState | None, retention_s: int) -> list[Any
         args += ["claim", lease.attempt, lease.token, lease.worker, ms(lease.ttl_s)]
     if writes.record is not None:
         args += ["record", _json(writes.record), retention_s]
+    if writes.settle is not None:
+        args += ["settle", _json(writes.settle)]
     if writes.event is not None:
-        args += ["event", *_event_args(writes.event), "1" if state and _fresh(writes.event, state) else "0"]
+        args += ["event", *_event_args(writes.event), "1" if state and fresh_event(writes.event, state) else "0"]
     if writes.let_go is not None:
         args += ["let_go", writes.let_go]
     if writes.hand_on is not None:
@@ -179,8 +175,6 @@ def _pack(writes: Writes, state: CallState | None, retention_s: int) -> list[Any
         args += ["checkpoint", writes.checkpoint]
     if writes.renew is not None:
         args += ["renew", ms(writes.renew.ttl_s)]
-    if writes.settle is not None:  # a settlement is resolve.lua's compare-and-set
-        raise AssertionError("a settlement is written by resolve.lua")
     return args
 
 
@@ -497,20 +491,27 @@ class RedisStore(RedisRuns, Store):
 
     def claim_recovery(self, call_id: str, worker: str, hold_s: float, max_hold_s: float | None = None) -> int:
         # The record Redis keeps is deleted by a claim, so its count is always the current
-        # attempt's: planned at attempts 0. First for no record (nothing held, at any time);
-        # the script adds its clock to the hold.
+        # attempt's: planned at attempts 0. First for the state a sweep usually finds: a known
+        # call without a result or a live lease, no record (nothing held, at any time); the
+        # script adds its clock to the hold.
+        state: CallState | None = CallState()
         seen, held_until, now = ("0", "0"), 0.0, 0.0
         for _ in range(_TRIES):
-            claim = plan_recovery_claim(0, (0, int(seen[0])), held_until, now, hold_s, max_hold_s)
+            claim = plan_recovery_claim(state, (0, int(seen[0])), held_until, now, hold_s, max_hold_s)
             if claim is None:
                 return 0
+            assert state is not None
             tries, until = claim
             hold = ms(until - now)
-            reply = self._run("claim_recovery", call_id, ":".join(seen), worker, tries, hold,
+            expected = f"1:{int(state.result is not None)}:{int(state.holder_live)}:{':'.join(seen)}"
+            reply = self._run("claim_recovery", call_id, expected, worker, tries, hold,
                               max(self.retention_s, math.ceil(hold / 1000) * 2))
             if not isinstance(reply, list):
                 return int(reply)
-            seen, held_until, now = (reply[0], reply[1]), int(reply[1]) / 1000, reply[2] / 1000
+            known, result, live, *record, clock = reply
+            state = CallState(result=_SOME_RESULT if result == "1" else None,
+                              holder_live=live == "1") if known == "1" else None
+            seen, held_until, now = (record[0], record[1]), int(record[1]) / 1000, clock / 1000
         raise RuntimeError(f"the recovery record of {call_id!r} kept changing while it was claimed")
 
     def record(self, call: CallSpec, outcome: Outcome, kind: RecordKind = "first") -> bool:
@@ -728,17 +729,19 @@ class RedisStore(RedisRuns, Store):
                 pipe.get(self.key(call_id, "result"))
                 raw_spec, raw = pipe.execute()
             spec = CallSpec.from_json(raw_spec) if raw_spec else CallSpec(call_id)
-            outcome, event = plan_resolve(spec, Outcome.from_json(raw) if raw else None, verdict, note, by, value)
-            reply = self._op("resolve", call_id, raw, _json(outcome), *_event_args(event), "1")
-            if reply[0] == "resolved":
+            writes = plan_resolve(spec, Outcome.from_json(raw) if raw else None, verdict, note, by, value)
+            if self._op("resolve", call_id, raw, "1", *_pack(writes, None, self.retention_s))[0] == 1:
+                outcome = writes.reply
+                assert isinstance(outcome, Outcome)
                 return outcome
         raise RuntimeError(f"the result of {call_id!r} kept changing while it was resolved")
 
     def settle(self, call_id: str, expected: Outcome, outcome: Outcome, event: Draft) -> bool:
-        # lifecycle.plan_settle: resolve.lua compares the stored JSON with expected's JSON
-        # (lifecycle.same_outcome) in the step that writes.
-        reply = self._op("resolve", call_id, _json(expected), _json(outcome), *_event_args(event), "0")
-        return bool(reply[0] == "resolved")
+        # lifecycle.plan_settle, planned for the result being ``expected``, which resolve.lua
+        # compares as JSON (lifecycle.same_outcome) in the step that writes; in any other state
+        # the plan is to write nothing.
+        writes = plan_settle(expected, expected, outcome, event)
+        return bool(self._op("resolve", call_id, _json(expected), "0", *_pack(writes, None, self.retention_s))[0] == 1)
 
     def purge(self, before: float) -> int:
         cutoff, purged = ms(before), 0
@@ -746,16 +749,32 @@ class RedisStore(RedisRuns, Store):
             key, offset = f"{self._tags[shard]}:calls", 0
             while True:
                 with wrap_errors(self.kind, *ERRORS):
-                    ids = self._redis.zrangebyscore(key, "-inf", f"({cutoff}", start=offset, num=_OPS_PAGE)
+                    listed = self._redis.zrangebyscore(key, "-inf", f"({cutoff}", start=offset, num=_OPS_PAGE,
+                                                       withscores=True)
                 kept = 0
-                for call_id in ids:
-                    done = self._op("purge", call_id, cutoff)
-                    purged += done == 1
-                    kept += done == 0
-                if len(ids) < _OPS_PAGE:
+                for call_id, seen in listed:
+                    done = self._purge_one(call_id, int(seen), cutoff)
+                    purged += done == "call"
+                    kept += done is None
+                if len(listed) < _OPS_PAGE:
                     break
                 offset += kept
         return purged
+
+    def _purge_one(self, call_id: str, seen: int | None, cutoff: int) -> str | None:
+        """Purge one call listed as seen at ``seen`` (ms) by ``lifecycle.plan_purge``, planned
+        first for a known, finished call; what it deleted (None: nothing)."""
+        known, result = True, cast("Outcome | None", _SOME_RESULT)
+        for _ in range(_TRIES):
+            what = plan_purge(known, result, seen, cutoff)
+            if what is None:
+                return None
+            reply = self._op("purge", call_id, f"{int(known)}:{int(result is not None)}", seen, what)
+            if reply == 1:
+                return what
+            known, result = reply[0] == 1, _SOME_RESULT if reply[1] == 1 else None
+            seen = None if reply[2] is None else int(float(reply[2]))
+        raise RuntimeError(f"the state of {call_id!r} kept changing while it was purged")
 
 
 #: Index entries read per round trip by ``calls()`` and ``purge()``.

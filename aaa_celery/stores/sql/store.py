@@ -26,7 +26,6 @@ from ...errors import StoreUnavailable
 from ...lifecycle import (
     BeginResult,
     CallSpec,
-    FENCED,
     CallState,
     Checkpoint,
     Draft,
@@ -37,7 +36,8 @@ from ...lifecycle import (
     RecordKind,
     Writes,
     joined,
-    event_id,
+    held_by,
+    lost_cause_event,
     merge_spec,
     plan_begin,
     plan_checkpoint,
@@ -102,11 +102,8 @@ def _outcome(raw: dict[str, Any] | None) -> Outcome | None:
 
 
 def lapsed_event(row: Any, result: Outcome | None, holder_live: bool) -> str | None:
-    """The id of the event that may say why the call's last attempt was lost: only a call
-    claimed before, without a result, whose lease is not live has one to look up."""
-    if holder_live or row.attempts == 0 or result is not None:
-        return None
-    return event_id(row.call_id, FENCED, row.attempts)
+    """:func:`~aaa_celery.lifecycle.lost_cause_event` of a call's row."""
+    return lost_cause_event(row.call_id, row.attempts, result, holder_live)
 
 
 def call_state(row: Any, result: Outcome | None, holder_live: bool, lapsed_data: dict[str, Any] | None) -> CallState:
@@ -284,7 +281,7 @@ class SQLStore(Store):
         self._audit_and_let_go(lease, lambda row, live: plan_fenced(lease, cause))
 
     def hand_on(self, lease: Lease) -> None:
-        self._audit_and_let_go(lease, lambda row, live: plan_hand_on(lease, row.lease_token == lease.token and live()))
+        self._audit_and_let_go(lease, lambda row, live: plan_hand_on(lease, held_by(row.lease_token, lease.token, live())))
 
     def _audit_and_let_go(self, lease: Lease, plan: Callable[[Row[Any], Callable[[], bool]], Writes]) -> None:
         """Lock a known call's row, apply ``plan(row, live)`` (``live()``: whether its lease is
@@ -352,14 +349,19 @@ class SQLStore(Store):
         with self._write() as conn:
             now = self.now()
             row = conn.execute(select_call_for_update(call_id)).one_or_none()
-            if row is None or self._result(conn, call_id) is not None:
-                return 0
-            counted = conn.execute(select_recovery(call_id)).one_or_none()
-            claim = plan_recovery_claim(row.attempts, None if counted is None else (counted.attempts, counted.tries),
-                                        row.recovery_until, now, hold_s, max_hold_s)
-            # the lease is looked at last, and only for a claim the plan would make: most sweeps
-            # find the call held by an earlier republish
-            if claim is None or self._holder_live(conn, row, now):
+            state, count, held_until = None, None, 0.0
+            if row is not None:
+                counted = conn.execute(select_recovery(call_id)).one_or_none()
+                count = None if counted is None else (counted.attempts, counted.tries)
+                state, held_until = CallState(row.attempts, self._result(conn, call_id)), row.recovery_until
+            claim = plan_recovery_claim(state, count, held_until, now, hold_s, max_hold_s)
+            # planned for a lease not live; the lease is looked at last, and only for a claim the
+            # plan would make (most sweeps find the call held by an earlier republish)
+            if claim is not None and row is not None and self._holder_live(conn, row, now):
+                assert state is not None
+                claim = plan_recovery_claim(replace(state, holder_live=True), count, held_until, now, hold_s,
+                                            max_hold_s)
+            if row is None or claim is None:
                 return 0
             tries, until = claim
             conn.execute(upsert_recovery(self.insert, call_id, row.attempts, tries))
@@ -455,8 +457,8 @@ class SQLStore(Store):
         with self._write() as conn:
             row = conn.execute(select_call_for_update(call_id)).one_or_none()
             spec = CallSpec(**row.spec) if row is not None else CallSpec(call_id)
-            outcome, event = plan_resolve(spec, self._result(conn, call_id), verdict, note, by, value)
-            self._apply(conn, Writes(settle=outcome, event=event), call_id, self.now())
+            writes = plan_resolve(spec, self._result(conn, call_id), verdict, note, by, value)
+            outcome: Outcome = self._apply(conn, writes, call_id, self.now())
             return outcome
 
     def settle(self, call_id: str, expected: Outcome, outcome: Outcome, event: Draft) -> bool:

@@ -28,7 +28,7 @@
 -- store that JSON as it is and never build or edit JSON text: the one thing they add
 -- is the server's time of an event, kept beside the event's JSON (push_event).
 --
--- Plans. begin.lua, finish.lua, record.lua and lease.lua get lifecycle's decision, planned
+-- Plans. begin.lua, finish.lua, record.lua, resolve.lua and lease.lua get lifecycle's decision, planned
 -- in Python for the state Python expects the call to be in (lifecycle.Writes, packed by
 -- store.py's _pack), with that expected state. They read the call's state, and if it is the
 -- expected one they apply the plan (apply below); else they write nothing (but the delivered
@@ -157,6 +157,8 @@ end
 --                                              (CallWriter.claim)
 --   'record', outcome JSON, retention (s)      the one result, the lease freed, the indexes,
 --                                              the keys' TTLs (CallWriter.record)
+--   'settle', outcome JSON                     replace the recorded result, its TTL kept
+--                                              (CallWriter.settle)
 --   'event', id, JSON, fresh                   append the event unless its id is in the trail;
 --                                              fresh '1': the expected state proves it is not
 --                                              (its id is only written with a later attempt's
@@ -192,6 +194,9 @@ local function apply(i, now, at, fields)
       retention = ARGV[i + 2]
       set_result(ARGV[i + 1], retention)
       i = i + 3
+    elseif op == 'settle' then
+      redis.call('SET', RESULT, ARGV[i + 1], 'KEEPTTL')
+      i = i + 2
     elseif op == 'event' then
       if ARGV[i + 3] == '1' then
         append_event(ARGV[i + 1], ARGV[i + 2], at)
