@@ -38,12 +38,14 @@ app = Celery("bench", broker=BROKER or None, backend=os.environ.get("BENCH_BACKE
 transport: dict[str, float] = {}
 if os.environ.get("BENCH_VISIBILITY"):
     transport["visibility_timeout"] = float(os.environ["BENCH_VISIBILITY"])
+REPLICAS = int(os.environ.get("BENCH_STORE_REPLICAS") or 0)
 app.conf.update(
     aaa_store_url=os.environ.get("BENCH_STORE") or BROKER,
     # overhead.py --store memory:// is a diagnostic that knows each process keeps its own store
     aaa_allow_process_local_store=(os.environ.get("BENCH_STORE") or "").startswith("memory:"),
     aaa_guard={"lease_ttl_s": float(os.environ.get("BENCH_LEASE_TTL", "15"))},
-    aaa_store_options={"replicas": int(os.environ.get("BENCH_STORE_REPLICAS") or 0)},
+    # only a Redis store has the option (PostgreSQL refuses an option it does not take)
+    aaa_store_options={"replicas": REPLICAS} if REPLICAS else {},
     aaa_recovery_interval_s=float(os.environ.get("BENCH_RECOVERY_S", "2")),
     task_serializer="json",
     result_serializer="json",

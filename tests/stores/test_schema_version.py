@@ -194,7 +194,7 @@ def test_revision_0005_adds_the_concurrency_slots_and_its_downgrade_drops_them(r
         with pytest.raises(StoreOutdated):
             check_version(store, auto_migrate=False)
 
-        assert store.migrate().current == "0005"
+        assert store.migrate().current == versions.head()
         assert store.take_slot("aaa:slot:k", "c1", 1, 30).reply == "taken"
         assert store.take_slot("aaa:slot:k", "c2", 1, 30).reply == "full"
         assert store.result(done.call_id) is not None
@@ -204,8 +204,36 @@ def test_revision_0005_adds_the_concurrency_slots_and_its_downgrade_drops_them(r
             config_.attributes["connection"] = conn
             command.downgrade(config_, "0004")
             assert not sa.inspect(conn).has_table("aaa_slots")
-        assert store.migrate().current == "0005"
+        assert store.migrate().current == versions.head()
         assert store.slot_holders("aaa:slot:k") == []
+
+
+@pytest.mark.postgres
+def test_revision_0006_assembles_the_functions_from_the_statements_and_its_downgrade_puts_0004s_back(postgres_url):
+    """0006 replaces the functions with the same ones, their writes the store's statements:
+    after its downgrade a store runs 0004's, and calls begin and finish on either."""
+    from alembic import command
+
+    from aaa_celery.stores.sql import pg_functions, statements
+
+    def definitions(store: Store) -> list[str]:
+        with store.engine.connect() as conn:  # type: ignore[attr-defined]
+            return [conn.execute(sa.text("SELECT prosrc FROM pg_proc WHERE proname = :f"), {"f": name}).scalar_one()
+                    for name in pg_functions.NAMES]
+
+    written = statements.CLAIM_ATTEMPT.plpgsql(attempt="p_attempt", token="p_token", worker="p_worker", hint="p_hint",
+                                             call_id="p_call_id")
+    with open_store(postgres_url) as store:
+        assert written in definitions(store)[0]
+        with store.engine.begin() as conn:  # type: ignore[attr-defined]
+            config_ = versions.alembic_config()
+            config_.attributes["connection"] = conn
+            command.downgrade(config_, "0005")
+        assert not any(written in body for body in definitions(store))
+        finished_call(store)  # on 0004's functions
+        assert store.migrate().current == "0006"
+        assert written in definitions(store)[0]
+        finished_call(store)
 
 
 @pytest.mark.parametrize("backend", VERSIONED)

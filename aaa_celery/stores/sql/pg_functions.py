@@ -21,23 +21,30 @@ locks the row, so that call's first ``begin`` is one round trip too; ``aaa_finis
 writes the finished row's sweep hint as ``'Infinity'`` (``lifecycle.FINISHED_HINT``), as
 :class:`.pg_driver._Writer` does on the other path.
 
-Created by schema revision ``0003`` (and with the tables of a new database), both replaced
-by ``0004``; a database not migrated yet lacks them, and the store then runs
-``begin`` and ``finish`` in two round trips. Each revision keeps its own copy: a change here
-needs a revision that replaces the functions, or a migrated database would run the old ones
-(``tests/stores/test_schema_version.py``).
+Their writes are :mod:`.statements`' own (:meth:`.statements.Statement.plpgsql`), so a write
+is written once for every path; what is written here is only the comparison with the
+expected state, and the locks.
+
+Created by schema revision ``0003`` (and with the tables of a new database), replaced by
+``0004`` and again by ``0006`` (the same functions, their writes assembled from
+:mod:`.statements`); a database not migrated yet lacks them, and the store then runs
+``begin`` and ``finish`` in two round trips. Each revision keeps its own copy: a change here,
+or to one of the statements it takes, needs a revision that replaces the functions, or a
+migrated database would run the old ones (``tests/stores/test_schema_version.py``).
 """
 
 from __future__ import annotations
 
 from sqlalchemy.engine import Connection
 
+from .statements import CLAIM_ATTEMPT, CLEAR_FINISHED_LEASE, INSERT_CALL_IF_ABSENT, INSERT_EVENT_IF_ABSENT, INSERT_RESULT
+
 _NO_RESULT = "NOT EXISTS (SELECT 1 FROM aaa_results r WHERE r.call_id = c.call_id)"
 
-_EVENT = """
+_EVENT = f"""
   IF e_id IS NOT NULL THEN
-    INSERT INTO aaa_events (event_id, call_id, type, attempt, data, at)
-    VALUES (e_id, p_call_id, e_type, e_attempt, e_data, e_at) ON CONFLICT (event_id) DO NOTHING;
+    {INSERT_EVENT_IF_ABSENT.plpgsql(event_id="e_id", call_id="p_call_id", type="e_type", attempt="e_attempt",
+                                    data="e_data", at="e_at")};
   END IF;"""
 
 #: ``begin`` for a call's first delivery: (lock key, call id, the spec as JSON text for a
@@ -63,8 +70,7 @@ BEGIN
   END IF;
   PERFORM 1 FROM aaa_calls WHERE call_id = p_call_id FOR UPDATE;
   IF NOT FOUND THEN  -- nobody registered it: as register does
-    INSERT INTO aaa_calls (call_id, spec, attempts, registered_at, recovery_until, handed_on, handed)
-    VALUES (p_call_id, coalesce(p_spec, p_new)::json, 0, p_now, 0.0, 0, 0) ON CONFLICT (call_id) DO NOTHING;
+    {INSERT_CALL_IF_ABSENT.plpgsql(call_id="p_call_id", spec="coalesce(p_spec, p_new)::json", now="p_now")};
     PERFORM 1 FROM aaa_calls WHERE call_id = p_call_id FOR UPDATE;
   END IF;
   SELECT EXISTS (
@@ -79,9 +85,8 @@ BEGIN
   IF NOT ok THEN
     RETURN;
   END IF;
-  UPDATE aaa_calls SET attempts = p_attempt, lease_token = p_token, lease_worker = p_worker,
-         lease_attempt = p_attempt, lease_expires_at = p_hint, recovery_until = 0.0
-   WHERE call_id = p_call_id;{_EVENT}
+  {CLAIM_ATTEMPT.plpgsql(attempt="p_attempt", token="p_token", worker="p_worker", hint="p_hint",
+                         call_id="p_call_id")};{_EVENT}
 END
 $fn$"""
 
@@ -104,10 +109,8 @@ BEGIN
   IF NOT ok THEN
     RETURN;
   END IF;
-  INSERT INTO aaa_results (call_id, outcome, recorded_at) VALUES (p_call_id, p_outcome, p_now);
-  UPDATE aaa_calls SET lease_token = NULL, lease_worker = NULL, lease_attempt = NULL,
-         lease_expires_at = 'Infinity'
-   WHERE call_id = p_call_id;{_EVENT}
+  {INSERT_RESULT.plpgsql(call_id="p_call_id", outcome="p_outcome", now="p_now")};
+  {CLEAR_FINISHED_LEASE.plpgsql(hint="'Infinity'", call_id="p_call_id")};{_EVENT}
   -- the key stays held until this commits (see the module's docstring)
   PERFORM pg_advisory_xact_lock(p_key);
   PERFORM pg_advisory_unlock(p_key);

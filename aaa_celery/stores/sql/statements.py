@@ -42,13 +42,15 @@ def outcome_json(outcome: Outcome) -> str:
     return dumps(outcome.__dict__)
 
 
-def _postgresql() -> sa.Dialect:
-    dialect = postgresql.psycopg.dialect(paramstyle="format")  # type: ignore[no-untyped-call]
+def _postgresql(paramstyle: str = "format") -> sa.Dialect:
+    dialect = postgresql.psycopg.dialect(paramstyle=paramstyle)  # type: ignore[no-untyped-call]
     dialect.bind_typing = BindTyping.NONE  # no casts: see the module's docstring
     return dialect
 
 
 _DIALECTS: dict[str, sa.Dialect] = {"postgresql": _postgresql(), "sqlite": sqlite.dialect(paramstyle="qmark")}
+#: PostgreSQL's text with named parameters (``%(b_<name>)s``), for :meth:`Statement.plpgsql`.
+_NAMED = _postgresql("pyformat")
 _INSERTS = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
 _BOUND = "b_"
 
@@ -61,6 +63,12 @@ class Statement:
     built: dict[str, Any]  # Core statements (Executable and ClauseElement)
     postgresql: str
     names: tuple[str, ...]
+    named: str  # PostgreSQL's text with named parameters
+
+    def plpgsql(self, **exprs: str) -> str:
+        """The statement as a PL/pgSQL function runs it (:mod:`.pg_functions`): each parameter
+        replaced by the expression given for it by name (a variable, a literal)."""
+        return self.named % {_BOUND + name: expr for name, expr in exprs.items()}
 
     def args(self, **values: Any) -> tuple[Any, ...]:
         """The positional parameters, from their values by name."""
@@ -83,9 +91,8 @@ def statement(build: Callable[[Any], Any]) -> Statement:
     for name, dialect in _DIALECTS.items():
         orders.add(tuple(built[name].compile(dialect=dialect).positiontup or ()))
     assert len(orders) == 1, orders
-    text = str(built["postgresql"].compile(dialect=_DIALECTS["postgresql"]))
-    names = tuple(name.removeprefix(_BOUND) for name in orders.pop())
-    return Statement(built, " ".join(text.split()), names)
+    text, named = (" ".join(str(built["postgresql"].compile(dialect=d)).split()) for d in (_DIALECTS["postgresql"], _NAMED))
+    return Statement(built, text, tuple(name.removeprefix(_BOUND) for name in orders.pop()), named)
 
 
 def _p(name: str) -> sa.BindParameter[Any]:

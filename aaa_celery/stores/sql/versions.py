@@ -2,7 +2,8 @@
 
 The revisions live in ``migrations/versions`` (``0001``: the 0.1.0 schema; each later one
 adds what its release changed: ``0002``, the recovery sweep's indexes; ``0003``, the PostgreSQL
-store's functions; ``0004``, finished calls out of the sweep's reads; ``0005``, concurrency slots). The version a database is at is kept in the table
+store's functions; ``0004``, finished calls out of the sweep's reads; ``0005``, concurrency slots; ``0006``, the
+functions again, their writes assembled from the store's statements). The version a database is at is kept in the table
 :data:`VERSION_TABLE`, apart from an application's own ``alembic_version`` in the same
 database. Every function here runs on a connection inside a write transaction that holds
 the store's schema lock (PostgreSQL: an advisory lock; SQLite: the database's write lock).
@@ -33,7 +34,7 @@ VERSION_TABLE = "aaa_alembic_version"
 #: This release's revisions, oldest first: the files of ``migrations/versions``, named here
 #: so that opening a store reads its version without loading Alembic (which only stamps and
 #: upgrades); ``tests/stores/test_schema_version.py`` checks the two agree.
-REVISIONS = ("0001", "0002", "0003", "0004", "0005")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006")
 
 _version = sa.table(VERSION_TABLE, sa.column("version_num", sa.String))
 
