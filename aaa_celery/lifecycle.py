@@ -96,16 +96,18 @@ def spec_rank(spec: CallSpec) -> int:
     return 1 if spec.request else 0
 
 
+def replaces_below(incoming: CallSpec) -> int:
+    """``incoming`` replaces a stored spec whose :func:`spec_rank` is below this: one that says
+    worse how to send the call again; a message as sent replaces any (a retry sends the call
+    anew, with its own eta)."""
+    rank = spec_rank(incoming)
+    return 3 if rank == 2 else rank
+
+
 def merge_spec(stored: CallSpec | None, incoming: CallSpec) -> CallSpec:
     """The spec a store keeps for a call once ``incoming`` arrives: the first one it saw,
-    unless ``incoming`` says better how to send the call again; a message as sent always
-    replaces the stored spec (a retry sends the call anew, with its own eta)."""
-    if stored is None:
-        return incoming
-    rank = spec_rank(incoming)
-    if rank == 2 or rank > spec_rank(stored):
-        return incoming
-    return stored
+    unless ``incoming`` replaces it (:func:`replaces_below`)."""
+    return incoming if stored is None or spec_rank(stored) < replaces_below(incoming) else stored
 
 
 @dataclass(frozen=True)

@@ -33,25 +33,8 @@ from typing import Any, Protocol
 from ..config import GuardConfig, RetryPolicy
 from ..context import running_attempt
 from ..errors import STORE_UNREACHABLE, TOOL_ERRORS, LeaseLost, StoreUnavailable, ToolError, ToolTimeout
-from ..lifecycle import (
-    FENCED,
-    RECONCILED,
-    RETRIED,
-    STALE_RESULT,
-    STARTED,
-    Accepted,
-    Busy,
-    CallSpec,
-    Claimed,
-    Finished,
-    Lease,
-    Outcome,
-    Refused,
-    Slot,
-    SlotPlan,
-    busy_outcome,
-    lapsed,
-)
+from ..lifecycle import (FENCED, RECONCILED, RETRIED, STALE_RESULT, STARTED, Accepted, Busy, CallSpec, Claimed,
+                         Finished, Lease, Outcome, Refused, Slot, SlotPlan, busy_outcome, lapsed)
 from ..stores.base import GuardStore, ResultCopy, new_token
 from ..stores.blame import data_error, describe
 from .lease import AttemptLease

@@ -32,18 +32,8 @@ from dataclasses import dataclass
 
 from ..config import GuardConfig
 from ..errors import StoreOutdated, StoreUnavailable
-from ..lifecycle import (
-    BeginResult,
-    CallSpec,
-    Checkpoint,
-    Draft,
-    Event,
-    FinishResult,
-    Lease,
-    Outcome,
-    RecordKind,
-    SlotPlan,
-)
+from ..lifecycle import (BeginResult, CallSpec, Checkpoint, Draft, Event, FinishResult, Lease, Outcome, RecordKind,
+                         SlotPlan)
 from .runs import RunJournal, RunRecords
 
 if TYPE_CHECKING:

@@ -9,41 +9,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ..config import GuardConfig
-from ..lifecycle import (
-    BeginResult,
-    CallSpec,
-    RESOLVED,
-    CallState,
-    Checkpoint,
-    Draft,
-    Event,
-    FinishResult,
-    Lease,
-    Outcome,
-    RecordKind,
-    SlotPlan,
-    Writes,
-    awaits_recovery,
-    held_by,
-    lost_cause_event,
-    joined,
-    lapsed,
-    merge_spec,
-    plan_begin,
-    plan_checkpoint,
-    plan_fenced,
-    plan_finish,
-    plan_hand_on,
-    plan_record,
-    plan_resolve,
-    plan_recovery_claim,
-    plan_release,
-    plan_renew,
-    plan_settle,
-    plan_slot,
-    plan_spend,
-    purgeable,
-)
+from ..lifecycle import (BeginResult, CallSpec, RESOLVED, CallState, Checkpoint, Draft, Event, FinishResult, Lease,
+                         Outcome, RecordKind, SlotPlan, Writes, awaits_recovery, held_by, lost_cause_event, joined,
+                         lapsed, merge_spec, plan_begin, plan_checkpoint, plan_fenced, plan_finish, plan_hand_on,
+                         plan_record, plan_resolve, plan_recovery_claim, plan_release, plan_renew, plan_settle,
+                         plan_slot, plan_spend, purgeable)
 from ._writes import CallWriter, apply
 from .base import ResultCopy, Store, new_token
 from .budgets import check_spend
@@ -161,13 +131,14 @@ class MemoryStore(MemoryRuns, Store):
             begun: BeginResult = apply(writes, _Writer(rec, now))
             return begun
 
-    def renew(self, lease: Lease) -> bool:
+    def _known(self, call_id: str, plan: Callable[[_Call, float], Writes], unknown: Any = None) -> Any:
+        """Apply ``plan(call, now)`` to a known call and return its reply; ``unknown`` if the call is not known."""
         with self._lock:
-            rec, now = self._calls.get(lease.call_id), self.now()
-            if rec is None:
-                return False
-            renewed: bool = apply(plan_renew(lease, rec.held_by(lease.token, now)), _Writer(rec, now))
-            return renewed
+            rec, now = self._calls.get(call_id), self.now()
+            return unknown if rec is None else apply(plan(rec, now), _Writer(rec, now))
+
+    def renew(self, lease: Lease) -> bool:
+        return bool(self._known(lease.call_id, lambda rec, now: plan_renew(lease, rec.held_by(lease.token, now)), False))
 
     def finish(self, lease: Lease, outcome: Outcome, config: GuardConfig,
                copy: ResultCopy | None = None) -> FinishResult:
@@ -179,23 +150,13 @@ class MemoryStore(MemoryRuns, Store):
             return finished
 
     def release(self, lease: Lease) -> None:
-        with self._lock:
-            rec = self._calls.get(lease.call_id)
-            if rec is not None:
-                apply(plan_release(lease), _Writer(rec, self.now()))
+        self._known(lease.call_id, lambda rec, now: plan_release(lease))
 
     def fenced(self, lease: Lease, cause: str | None = None) -> None:
-        with self._lock:
-            rec = self._calls.get(lease.call_id)
-            if rec is not None:
-                apply(plan_fenced(lease, cause), _Writer(rec, self.now()))
+        self._known(lease.call_id, lambda rec, now: plan_fenced(lease, cause))
 
     def hand_on(self, lease: Lease) -> None:
-        with self._lock:
-            rec = self._calls.get(lease.call_id)
-            if rec is not None:
-                now = self.now()
-                apply(plan_hand_on(lease, rec.held_by(lease.token, now)), _Writer(rec, now))
+        self._known(lease.call_id, lambda rec, now: plan_hand_on(lease, rec.held_by(lease.token, now)))
 
     def save_checkpoint(self, lease: Lease, checkpoint: str) -> bool:
         with self._lock:
@@ -284,12 +245,7 @@ class MemoryStore(MemoryRuns, Store):
             return outcome
 
     def settle(self, call_id: str, expected: Outcome, outcome: Outcome, event: Draft) -> bool:
-        with self._lock:
-            rec = self._calls.get(call_id)
-            if rec is None:
-                return False
-            settled: bool = apply(plan_settle(rec.result, expected, outcome, event), _Writer(rec, self.now()))
-            return settled
+        return bool(self._known(call_id, lambda rec, now: plan_settle(rec.result, expected, outcome, event), False))
 
     def purge(self, before: float) -> int:
         with self._lock:

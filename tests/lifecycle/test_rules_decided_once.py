@@ -38,7 +38,7 @@ RULES: dict[str, tuple[str, ...]] = {
     "claim_recovery": ("plan_recovery_claim",),
     "spend": ("plan_spend",),
     "slot": ("plan_slot",),
-    "spec": ("merge_spec",),
+    "spec": ("merge_spec", "replaces_below"),
 }
 
 #: The fields of a call's state, by the names the stores give them.
@@ -95,8 +95,8 @@ LUA_IMAGES: dict[str, str] = {
     "if entry.id == fenced then": "reading the lost cause's event by its id (lifecycle.lost_cause_event)",
     "if type(data) == 'table' and type(data.cause) == 'string' then return data.cause end":
         "reading the lost cause from the event's data",
-    "elseif not (rank == '2' or tonumber(rank) > tonumber(stored_req or '0')) then":
-        "merge_spec, mirrored: the spec is merged in the script's one round trip (to move: issue 36)",
+    "elseif tonumber(stored_req or '0') >= tonumber(below) then  -- not replaced: lifecycle.replaces_below":
+        "merge_spec's threshold, decided in Python (replaces_below), compared with the stored spec's rank",
     "local live = pttl ~= -2 and '1' or '0'  -- -2: no lease key (a lapsed lease's key is gone)":
         "reading whether a lease is live (lapsed's image: the key expires with it)",
     "if not result and attempts ~= '0' and live == '0' then":

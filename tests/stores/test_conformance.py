@@ -711,3 +711,23 @@ def test_a_result_value_is_stored_once_and_every_reader_still_sees_it(store_fact
     assert b.begin(call, "worker-b", cfg) == Finished(Outcome.success(value, attempt=1))
     [completed] = [e for e in b.events(call.call_id) if e.type == COMPLETED]
     assert completed.data == {"call_id": call.call_id, "name": "refund", "attempt": 1, "value": value}
+
+
+def test_a_spec_in_force_gives_way_only_to_one_that_says_better_how_to_send_the_call(store_factory):
+    """``lifecycle.merge_spec`` on every backend (Redis applies ``replaces_below``'s threshold
+    in its scripts): a bare spec never replaces one, a rebuilt request replaces a bare spec
+    only, and a message as sent replaces any, another message as sent too."""
+    store = store_factory()
+    call_id = f"call-{uuid.uuid4().hex[:12]}"
+
+    def spec(request: dict) -> CallSpec:
+        return CallSpec(call_id, "refund", "key-1", request)
+
+    rebuilt, rebuilt_again = {"task": "tools.refund", "args": [1]}, {"task": "tools.refund", "args": [2]}
+    sent, sent_again = {"task": "tools.refund", "message": {"body": "a"}}, {"task": "tools.refund", "message": {"body": "b"}}
+    steps = [({}, {}), (rebuilt, rebuilt), (rebuilt_again, rebuilt), ({}, rebuilt), (sent, sent),
+             (rebuilt_again, sent), ({}, sent), (sent_again, sent_again)]
+    for registered, in_force in steps:
+        store.register(spec(registered))
+        kept = [r.spec.request for r in store.calls() if r.call_id == call_id]
+        assert kept == [in_force], f"after registering {registered}"

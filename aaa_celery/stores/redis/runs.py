@@ -30,7 +30,7 @@ from typing import Any
 
 from ..base import wrap_errors
 from ..runs import FINISHED, RunJournal, RunRecord, RunRecords, dumps, tenant_key
-from .client import ERRORS, lua
+from .client import ERRORS
 
 _PAGE = 200
 
@@ -54,8 +54,10 @@ class RedisRuns(RunRecords, RunJournal):
     shards: int
     retention_s: int
     kind: str
-    _scripts: dict[str, Any]
     _redis: Any
+
+    def _script(self, name: str) -> Any:
+        raise NotImplementedError  # the store's: lua/<name>.lua, registered on first use
 
     def _run_tag(self, shard: int) -> str:
         return f"{self.key_prefix}:{{{self.key_prefix}:r{shard}}}"
@@ -73,11 +75,7 @@ class RedisRuns(RunRecords, RunJournal):
 
     def _run_script(self, name: str, keys: list[str], args: list[Any]) -> Any:
         with wrap_errors(self.kind, *ERRORS):
-            client = self._redis
-            script = self._scripts.get(name)
-            if script is None:
-                script = self._scripts[name] = client.register_script(lua(name))
-            return script(keys=keys, args=args, client=client)
+            return self._script(name)(keys=keys, args=args, client=self._redis)
 
     def _pipe(self, fill: Any) -> list[Any]:
         with wrap_errors(self.kind, *ERRORS):

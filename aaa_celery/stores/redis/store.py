@@ -1,52 +1,20 @@
-"""The Redis store: a TTL lease, with one Lua script (one round trip) per operation.
+"""The Redis store: a TTL lease on the server's clock, one Lua script (one round trip) per operation.
 
-Each script in ``lua/`` applies a decision of :mod:`aaa_celery.lifecycle` atomically and
-documents its KEYS, ARGV, what it checks and its return value; ``lua/_lib.lua``
-holds the helpers they share, and the one ``apply`` of a plan's writes. Leases and event times use the server's clock, so workers with
-skewed clocks agree.
+**Plans.** Lifecycle plans each write for the state the call is expected in; a script
+(``lua/``, helpers and the one ``apply`` of a plan's writes in ``lua/_lib.lua``) gets the
+writes (:func:`_pack`) with that state, and applies them only if the call is in it. Else it
+writes nothing and replies the state, which lifecycle plans again. ``finish`` gets only a
+lease, so the store remembers the spec of the calls it began; a ``finish`` from another
+store instance costs one more round trip. An event is stored as ``{"id", "at", "event"}``,
+``at`` by the server's clock.
 
-**Plans.** Lifecycle decides every write (``plan_begin``, ``plan_finish``,
-``plan_recovery_claim``, ...) and builds every outcome and audit event; the scripts
-get the plan's writes in ARGV (:func:`_pack`, ``lua/_lib.lua``'s ``apply``) with the
-state it was planned for, and apply them only if the call is in that state: a
-compare-and-set, in the one round trip. So the happy path stays two short round
-trips, planned for the state it is expected in: ``begin`` of a new call claims
-attempt 1, ``finish`` records the outcome of the call's last attempt. Where the call
-is in another state (a redelivery after a crash, a stale result, another spec in
-force) the script writes nothing and replies the state it read, which lifecycle
-plans again: one more round trip, or none when the plan writes nothing (a call
-finished, or busy; this very outcome recorded already). For that the store remembers
-the spec of the calls it began (``finish`` gets only a lease), and a ``finish`` from
-another store instance costs two round trips. Each event is stored as ``{"id",
-"at", "event"}``: lifecycle's JSON of the event, and the server's time.
-
-**Connections** are lent to threads (:mod:`.client`).
-
-**Shards.** Calls are spread over ``shards`` (default 16) shards: a call's shard is
-``crc32(call_id) % shards``, and its keys, ``<p>:{<p>:<shard>}:<call_id>:<name>``
-(layout in ``lua/_lib.lua``), carry the shard's hash tag. Each shard has its own
-two recovery indexes: ``<p>:{<p>:<shard>}:running``, claimed calls without a
-result scored by lease expiry, and ``<p>:{<p>:<shard>}:unclaimed``, registered
-calls scored by registration time (the grace is the caller's, so it cannot be in
-the score). So every script touches keys of one hash slot only, and keeps the
-indexes in step with the call in the same round trip. :meth:`RedisStore.expired`
-reads every shard's indexes: one pipelined round trip on one server, one per node
-on a cluster, then one for the specs. Every worker of a fleet must use the same
-``shards`` and ``key_prefix``: a call is found through its shard.
-
-**Redis Cluster.** ``redis+cluster://host:port`` (or ``rediss+cluster://``) opens a
-:class:`redis.cluster.RedisCluster` client from that seed node (more seeds:
-``startup_nodes=[ClusterNode(...), ...]``); each script's ``EVALSHA`` goes to the
-node that owns its keys' slot, and a node that lacks a script gets it by
-``SCRIPT LOAD`` on every primary. Shards are spread over the nodes by their hash
-slots; raise ``shards`` on a large cluster so every node gets some. A call's lease,
-events and index scores all use the clock of the node that owns its shard; the
-nodes' clocks (kept by NTP) may differ by a few milliseconds, which only shifts
-by that much when :meth:`~RedisStore.expired`, judged by ``now()`` from one node,
-sees a lease on another node as lapsed; no lease is ever granted twice, since a
-lease is only ever judged by its own node. The cluster client connects when the
-store is first used, so an unreachable cluster raises ``StoreUnavailable`` there,
-as an unreachable single server does.
+**Shards.** A call's keys, ``<p>:{<p>:<shard>}:<call_id>:<name>`` with ``shard =
+crc32(call_id) % shards``, share their shard's hash tag with its two recovery indexes
+(``running``, by lease expiry; ``unclaimed``, by registration time), so every script
+touches one slot. On Redis Cluster (``redis+cluster://``) each script goes to the node that
+owns its slot, and a lease is judged only by that node's clock. ``docs/stores.md`` has the
+operator's side: durability, ``replicas`` and failover, Cluster, where to put the store.
+Connections are lent to threads (:mod:`.client`).
 """
 
 from __future__ import annotations
@@ -67,47 +35,12 @@ import redis
 
 from ...config import GuardConfig
 from ...errors import ConfigError, StoreUnavailable
-from ...lifecycle import (
-    Accepted,
-    BeginResult,
-    Busy,
-    CallSpec,
-    CallState,
-    Checkpoint,
-    Claimed,
-    Draft,
-    Event,
-    Finished,
-    FinishResult,
-    Lease,
-    RECORD_KINDS,
-    plan_resolve,
-    Outcome,
-    RecordKind,
-    Refused,
-    SlotPlan,
-    Spend,
-    Stale,
-    Writes,
-    compact_json,
-    fresh_event,
-    joined,
-    merge_spec,
-    plan_begin,
-    plan_checkpoint,
-    plan_fenced,
-    plan_finish,
-    plan_hand_on,
-    plan_record,
-    plan_purge,
-    plan_recovery_claim,
-    plan_release,
-    plan_settle,
-    plan_renew,
-    plan_slot,
-    plan_spend,
-    spec_rank,
-)
+from ...lifecycle import (Accepted, BeginResult, Busy, CallSpec, CallState, Checkpoint, Claimed, Draft, Event,
+                          Finished, FinishResult, Lease, RECORD_KINDS, plan_resolve, Outcome, RecordKind, Refused,
+                          SlotPlan, Spend, Stale, Writes, compact_json, fresh_event, joined, merge_spec, plan_begin,
+                          plan_checkpoint, plan_fenced, plan_finish, plan_hand_on, plan_record, plan_purge,
+                          plan_recovery_claim, plan_release, plan_settle, plan_renew, plan_slot, plan_spend,
+                          replaces_below, spec_rank)
 from ..base import ResultCopy, Store, StoreVersion, new_token, wrap_errors
 from ..budgets import check_spend
 from ..ops import CallRecord
@@ -120,7 +53,8 @@ from .runs import RedisRuns
 _SOME_RESULT = Outcome.failure("", "")
 #: ``finish.lua``'s copy arguments when there is no copy to write.
 _NO_COPY = ["", "", ""]
-_SCRIPTS = ("begin", "finish", "lease", "register", "claim_recovery", "record")
+#: The scripts that run alone, without ``lua/_lib.lua``.
+_BARE = ("spend", "slot")
 _CALL_KEYS = ("spec", "attempts", "result", "lease", "events")
 _INDEXES = ("running", "unclaimed")
 #: How many calls' specs a store remembers, to plan ``finish``'s events in one round trip.
@@ -139,7 +73,7 @@ def _json(record: CallSpec | Outcome) -> str:
 
 
 def _spec_args(call: CallSpec) -> list[Any]:
-    return [_json(call), call.name, call.idempotency_key, str(spec_rank(call))]
+    return [_json(call), call.name, call.idempotency_key, str(spec_rank(call)), str(replaces_below(call))]
 
 
 def _event_args(event: Draft) -> list[str]:
@@ -265,8 +199,6 @@ class RedisStore(RedisRuns, Store):
 
     def _open(self, connect: Any) -> Any:
         client = connect()
-        prelude = lua("_lib")
-        self._scripts = {n: client.register_script(prelude + lua(n)) for n in _SCRIPTS}
         if not self.cluster:
             pool = client.connection_pool
             self._server = server_of({**pool.connection_kwargs, "connection_class": pool.connection_class})
@@ -320,21 +252,34 @@ class RedisStore(RedisRuns, Store):
         keys.append(f"{self._tags[shard]}:calls")  # the shard's time index (stores/ops.py)
         return keys
 
+    def _script(self, name: str) -> Any:
+        """``lua/<name>.lua`` (after ``lua/_lib.lua`` unless it runs alone), registered on first use."""
+        script = self._scripts.get(name)
+        if script is None:
+            body = lua(name) if name in _BARE or name.startswith("run_") else lua("_lib") + lua(name)
+            script = self._scripts[name] = self._redis.register_script(body)
+        return script
+
     def _run(self, script: str, call_id: str, *args: Any, more_keys: tuple[Any, ...] = ()) -> Any:
         keys = self._keys(call_id)
         keys.extend(more_keys)
+        return self._eval(script, keys, [call_id, *args], f"{script} of {call_id!r}")
+
+    def _eval(self, name: str, keys: list[str], args: list[Any], what: str,
+              wrote: Callable[[Any], bool] = lambda reply: True) -> Any:
+        """Script ``name`` on the thread's connection. With ``replicas``, a reply that ``wrote``
+        counts only once that many replicas have the write (``WAIT``, in the same round trip):
+        else StoreUnavailable, naming ``what``."""
         with wrap_errors(self.kind, *ERRORS):
-            client = self._redis
+            client, script = self._redis, self._script(name)
             if self.cluster:
-                return self._scripts[script](keys=keys, args=[call_id, *args], client=client)
+                return script(keys=keys, args=args, client=client)
             if self._wait is None:
-                return evalsha(client, self._held, self._scripts[script], keys, [call_id, *args])
-            reply, acked = evalsha(client, self._held, self._scripts[script], keys, [call_id, *args], self._wait)
-        if acked < self.replicas:
-            raise StoreUnavailable(
-                f"redis store: {script} of {call_id!r} reached {acked} of {self.replicas} replicas within "
-                f"{self._wait[1]} ms (aaa_store_options replicas): not counted as made"
-            )
+                return evalsha(client, self._held, script, keys, args)
+            reply, acked = evalsha(client, self._held, script, keys, args, self._wait)
+        if acked < self.replicas and wrote(reply):
+            raise StoreUnavailable(f"redis store: {what} reached {acked} of {self.replicas} replicas within "
+                                   f"{self._wait[1]} ms (aaa_store_options replicas): not counted as made")
         return reply
 
     def _known_spec(self, call_id: str) -> CallSpec | None:
@@ -473,8 +418,8 @@ class RedisStore(RedisRuns, Store):
     def register_many(self, calls: list[CallSpec]) -> None:
         if self.cluster or len(calls) < 2:  # a cluster's pipeline would split by node anyway
             return super().register_many(calls)
-        script = self._scripts["register"]
         with wrap_errors(self.kind, *ERRORS):
+            script = self._script("register")
             pipe = self._redis.pipeline(transaction=False)  # one round trip for them all
             for call in calls:
                 keys = self._keys(call.call_id)
@@ -518,7 +463,7 @@ class RedisStore(RedisRuns, Store):
         if kind not in RECORD_KINDS:
             raise ValueError(f"record kind must be one of {RECORD_KINDS}, not {kind!r}")
         spec = merge_spec(self._known_spec(call.call_id), call)
-        register = ["", "", "", ""] if kind == "abandon" else _spec_args(call)
+        register = ["", "", "", "", ""] if kind == "abandon" else _spec_args(call)
         # Planned first for the state a call recorded from outside usually is in: known, no
         # result, ``outcome.attempt`` attempts, no live lease.
         known, state = True, CallState(outcome.attempt)
@@ -587,16 +532,14 @@ class RedisStore(RedisRuns, Store):
 
     # -- Budgets (stores/budgets.py) ----------------------------------------------------
 
-    def budget_key(self, key: str) -> str:
-        """The Redis key of budget ``key``: a digest of it as its own hash tag (any text
-        may be a budget key, and every budget can live on any node of a cluster)."""
-        return f"{self.key_prefix}:budget:{{{hashlib.sha256(key.encode('utf-8')).hexdigest()[:32]}}}"
+    def budget_key(self, key: str, kind: str = "budget") -> str:
+        """The Redis key of budget ``key`` (or of a concurrency key's holders, ``kind="slot"``): a
+        digest of it as its own hash tag (any text may be a key, and each can live on any node of
+        a cluster)."""
+        return f"{self.key_prefix}:{kind}:{{{hashlib.sha256(key.encode('utf-8')).hexdigest()[:32]}}}"
 
     def spend(self, key: str, token: str, amount: float, limit: float, window_s: float) -> bool:
         check_spend(key, token, amount, limit, window_s)
-        script = self._scripts.get("spend")
-        if script is None:
-            script = self._scripts["spend"] = self._redis.register_script(lua("spend"))
         keys, window = [self.budget_key(key)], repr(float(window_s))
         seen, plan, offset = "?", Spend(False, 0), cast(float | None, None)
         known = self._budgets_seen.get(key)
@@ -611,7 +554,7 @@ class RedisStore(RedisRuns, Store):
             expires = math.ceil((plan.window + 1) * float(window_s) * 1000) + 1000
             args = [token, window, seen, str(plan.window), "1" if plan.restart else "0", count, str(expires)]
             with wrap_errors(self.kind, *ERRORS):
-                reply = script(keys=keys, args=args, client=self._redis)
+                reply = self._script("spend")(keys=keys, args=args, client=self._redis)
             if reply[0] == "done":
                 if offset is not None:
                     if len(self._budgets_seen) >= _KNOWN_SPECS:
@@ -628,21 +571,15 @@ class RedisStore(RedisRuns, Store):
     # -- Concurrency slots (base.Slots) ---------------------------------------------------
 
     def slot_key(self, key: str) -> str:
-        """The Redis key of a concurrency key's holders: a digest of it as its own hash tag
-        (any text may be a key, and every key's holders can live on any node of a cluster)."""
-        return f"{self.key_prefix}:slot:{{{hashlib.sha256(key.encode('utf-8')).hexdigest()[:32]}}}"
-
-    def _slot_script(self) -> Any:
-        script = self._scripts.get("slot")
-        if script is None:
-            script = self._scripts["slot"] = self._redis.register_script(lua("slot"))
-        return script
+        """The Redis key of a concurrency key's holders (:meth:`budget_key`)."""
+        return self.budget_key(key, "slot")
 
     def take_slot(self, key: str, call_id: str, limit: int, ttl_s: float) -> SlotPlan:
-        script, keys, args = self._slot_script(), [self.slot_key(key)], ["?", call_id, ""]
+        keys, args = [self.slot_key(key)], ["?", call_id, ""]
         plan = SlotPlan("full")  # planned once the holders are read (the first reply)
         for _ in range(_SPEND_TRIES):
-            reply = self._slot_run(script, keys, args)
+            # with ``replicas``, a slot taken counts once that many replicas have it (as a call's writes)
+            reply = self._eval("slot", keys, args, f"a slot of {key!r}", lambda reply: bool(reply[0] == "done"))
             if reply[0] == "done":
                 return plan
             now_ms, held = int(reply[1]), [str(v) for v in reply[2]]
@@ -653,20 +590,6 @@ class RedisStore(RedisRuns, Store):
             put = "" if plan.put is None else str(ms(plan.put))
             args = ["\n".join(held), call_id, put, *plan.drop]
         raise RuntimeError(f"the holders of {key!r} kept changing while a slot was taken")
-
-    def _slot_run(self, script: Any, keys: list[str], args: list[Any]) -> Any:
-        """``slot.lua`` on the thread's connection; with ``replicas``, a write counts once that
-        many replicas have it (``WAIT``, as a call's writes), so a failover loses no slot taken."""
-        with wrap_errors(self.kind, *ERRORS):
-            if self.cluster:
-                return script(keys=keys, args=args, client=self._redis)
-            if self._wait is None:
-                return evalsha(self._redis, self._held, script, keys, args)
-            reply, acked = evalsha(self._redis, self._held, script, keys, args, self._wait)
-        if reply[0] == "done" and acked < self.replicas:
-            raise StoreUnavailable(f"redis store: a slot of {keys[0]!r} reached {acked} of {self.replicas} replicas "
-                                   f"within {self._wait[1]} ms (aaa_store_options replicas): not counted as taken")
-        return reply
 
     def free_slot(self, key: str, call_id: str) -> None:
         with wrap_errors(self.kind, *ERRORS):
@@ -680,12 +603,6 @@ class RedisStore(RedisRuns, Store):
         return sorted(str(c) for c in held)
 
     # -- Operators' verbs (stores/ops.py): each shard's ``calls`` index -------------------
-
-    def _op(self, script: str, call_id: str, *args: Any) -> Any:
-        """Run an operator's script (``lua/<script>.lua``), registered on first use."""
-        if script not in self._scripts:
-            self._scripts[script] = self._redis.register_script(lua("_lib") + lua(script))
-        return self._run(script, call_id, *args)
 
     def _shard_ids(self, shard: int, since_ms: str, until_ms: str) -> Iterator[tuple[float, str]]:
         """A shard's ``calls`` index between the two scores, newest first, a page at a time."""
@@ -730,7 +647,7 @@ class RedisStore(RedisRuns, Store):
                 raw_spec, raw = pipe.execute()
             spec = CallSpec.from_json(raw_spec) if raw_spec else CallSpec(call_id)
             writes = plan_resolve(spec, Outcome.from_json(raw) if raw else None, verdict, note, by, value)
-            if self._op("resolve", call_id, raw, "1", *_pack(writes, None, self.retention_s))[0] == 1:
+            if self._run("resolve", call_id, raw, "1", *_pack(writes, None, self.retention_s))[0] == 1:
                 outcome = writes.reply
                 assert isinstance(outcome, Outcome)
                 return outcome
@@ -741,7 +658,7 @@ class RedisStore(RedisRuns, Store):
         # compares as JSON (lifecycle.same_outcome) in the step that writes; in any other state
         # the plan is to write nothing.
         writes = plan_settle(expected, expected, outcome, event)
-        return bool(self._op("resolve", call_id, _json(expected), "0", *_pack(writes, None, self.retention_s))[0] == 1)
+        return bool(self._run("resolve", call_id, _json(expected), "0", *_pack(writes, None, self.retention_s))[0] == 1)
 
     def purge(self, before: float) -> int:
         cutoff, purged = ms(before), 0
@@ -769,7 +686,7 @@ class RedisStore(RedisRuns, Store):
             what = plan_purge(known, result, seen, cutoff)
             if what is None:
                 return None
-            reply = self._op("purge", call_id, f"{int(known)}:{int(result is not None)}", seen, what)
+            reply = self._run("purge", call_id, f"{int(known)}:{int(result is not None)}", seen, what)
             if reply == 1:
                 return what
             known, result = reply[0] == 1, _SOME_RESULT if reply[1] == 1 else None

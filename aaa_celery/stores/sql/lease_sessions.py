@@ -36,6 +36,7 @@ from .pg_driver import (
     fetch_prepared,
     session_run,
 )
+from .statements import RENEW_LEASE
 
 #: The server process behind this connection.
 BACKEND_PID = sa.text("SELECT pg_backend_pid()")
@@ -366,7 +367,8 @@ class LeaseSession:
             if self.keys.get(key) != token:
                 return False
             try:
-                return bool(self._run(RENEW_OWN_LEASE, (hint, call_id, token, call_id, token)))
+                renew = RENEW_LEASE.args(hint=hint, call_id=call_id, token=token)
+                return bool(self._run(RENEW_OWN_LEASE, (*renew, call_id, token, call_id, token)))
             except self.errors:
                 self._drop()
                 return False

@@ -35,7 +35,7 @@ from sqlalchemy.pool import Pool, PoolProxiedConnection
 from ...lifecycle import CallSpec, Draft, Lease, Outcome, Writes, sweep_hint
 from .._writes import CallWriter
 from ..base import ResultRow
-from .statements import SELECT_EVENT_DATA, SQLWriter, Statement, dumps, lock_call, outcome_json
+from .statements import RENEW_LEASE, SELECT_EVENT_DATA, SQLWriter, Statement, dumps, lock_call, outcome_json
 
 #: psycopg's errors that mean the server or the connection failed (the store is unavailable).
 CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
@@ -45,19 +45,19 @@ CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 TRY_LEASE_LOCK = "SELECT pg_try_advisory_lock(%s::bigint), pg_backend_pid()"
 #: Give a lease back: (key).
 RELEASE_LEASE_LOCK = "SELECT pg_advisory_unlock(%s::bigint), pg_backend_pid()"
-#: A renewal by the holder: does the call's row still name the token as its lease (call_id,
-#: token), and move its sweep hint on to (hint, call_id, token) in the same statement. It never
-#: waits: a row another transaction has locked keeps its hint this time (``SKIP LOCKED``), as
-#: the lease session must not stall behind a row lock (every lease of the process is on it).
+#: A renewal by the holder: lifecycle's renew write (:data:`.statements.RENEW_LEASE`: the
+#: sweep hint moved on while the row names the token; its parameters), and whether the row
+#: still names the token (call_id, token), in one statement. It never waits: a row another
+#: transaction has locked keeps its hint this time (``SKIP LOCKED``: call_id, token), as the
+#: lease session must not stall behind a row lock (every lease of the process is on it).
 #: Committed without waiting for the WAL flush (``synchronous_commit`` off for this statement's
 #: transaction alone): the hint only says when the sweep should ask the lock, and a hint a
 #: crash loses is an older one, which makes the sweep ask sooner, never decide otherwise (the
 #: crash ended every session's locks too).
 RENEW_OWN_LEASE = (
     "WITH async AS (SELECT set_config('synchronous_commit', 'off', true)),"
-    " renewed AS (UPDATE aaa_calls SET lease_expires_at = %s WHERE EXISTS (SELECT 1 FROM async) AND call_id IN"
-    " (SELECT call_id FROM aaa_calls WHERE call_id = %s AND lease_token = %s FOR UPDATE SKIP LOCKED)"
-    " RETURNING 1)"
+    f" renewed AS ({RENEW_LEASE.postgresql} AND EXISTS (SELECT 1 FROM async) AND aaa_calls.call_id IN"
+    " (SELECT call_id FROM aaa_calls WHERE call_id = %s AND lease_token = %s FOR UPDATE SKIP LOCKED) RETURNING 1)"
     " SELECT EXISTS (SELECT 1 FROM aaa_calls WHERE call_id = %s AND lease_token = %s), pg_backend_pid()")
 #: This session's backend pid: ().
 SESSION_PID = "SELECT true, pg_backend_pid()"

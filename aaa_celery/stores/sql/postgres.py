@@ -1,69 +1,16 @@
 """The PostgreSQL store: the spec's semantics, a lease bound to a database session.
 
-A lease is a session-level advisory lock, ``pg_try_advisory_lock(key)`` with
-``key`` a stable 64-bit hash of the call id, taken on one of the store's few lease
-sessions: autocommit connections, kept out of the pool (:class:`.lease_sessions.LeaseSession`). A claim
-goes to a session that no other thread is using and that holds fewer than
-``LeaseSessions.CAP`` (1,000) leases, another is opened when none is, up to
-``lease_sessions`` (8) (:class:`.lease_sessions.LeaseSessions`), and the lease stays on it: a statement on a
-session costs more the more locks it holds (PostgreSQL walks the backend's lock table at
-each transaction end), and threads on one session would queue. A one-thread process (a
-prefork child) uses one session until it holds the cap. ``begin`` and ``finish`` run on
-the lease's session too (:meth:`.lease_sessions.LeaseSession.transaction`),
-in one round trip when the call is in the state they expect (as the Redis scripts
-do): Python plans with :mod:`~aaa_celery.lifecycle` for a call's first delivery
-(``begin``; a call nobody registered is registered by the function first) or for this
-attempt being the last without a result
-(``finish``), and sends the plan's writes to a server-side function
-(:mod:`.pg_functions`), one prepared statement, that takes the lock, locks the row,
-compares it with that state and makes the writes only if it matches (and gives a
-finish's lock back). A call in any other state wrote nothing and is decided from its
-row in a transaction of two more round trips, the lock taken by the function kept; so
-is every call on a database not migrated to the functions' schema revision (``0004``). A
-``finish`` waits for its lease's session if another thread is using it. The rest of the row
-work, and the ``begin`` of a thread that finds every session busy with ``lease_sessions``
-open, run on pooled connections. The lease has no TTL:
-
-* a worker that dies, or whose lease session is cut or terminated, loses that
-  session and every lease on it (the leases on its other sessions live on), so the locks free at once and the next delivery claims attempt
-  n+1 (or is refused, as the call's delivery policy says);
-* a worker that is frozen but still connected keeps the lease: nobody takes
-  over, so there is no duplicate, and no progress until it resumes or its
-  connection dies.
-
-The recovery sweep does not ask every lease's lock: a claim writes a hint in the row's
-``lease_expires_at`` (``lifecycle.sweep_hint``: ``now + lease_ttl_s``) and each ``renew``
-moves it on, so the sweep reads only the calls whose hint has lapsed, and asks their locks
-(the lock decides: a frozen holder past its hint is still live). A dead session's calls are
-therefore listed by the sweep up to one lease TTL after it died (its next delivery still
-finds the lock free at once). A row a 0.1.0 worker leased has no hint, and is read and asked
-at every sweep.
-
-To evict frozen or unreachable workers, bound how long a dead connection can
-look alive:
-
-* TCP keepalives are on by default (``keepalives=1``, ``keepalives_idle=10``,
-  ``keepalives_interval=5``, ``keepalives_count=3``, ``tcp_user_timeout=30000``):
-  a vanished peer is noticed in about 30 s by both sides. Override them with
-  ``connect_args``.
-* ``idle_session_timeout_s`` sets the server's ``idle_session_timeout`` for the
-  store's sessions (PostgreSQL 14+): a process that stops heartbeating (each
-  ``renew`` runs a query on its lease's session) is disconnected after that long,
-  and its leases freed. Keep it well above the guard's ``heartbeat_s``.
-
-Attempt numbers, results and events live in the tables of :mod:`.sql`, written
-under ``SELECT ... FOR UPDATE``, so the attempt number is a real fence.
-
-Session locks do not survive a transaction-pooling proxy (PgBouncer in
-``transaction`` mode, Supavisor on 6543): the lock stays on a server connection
-that other clients then borrow. The store refuses to run when it sees its
-session change between transactions (:func:`.lease_sessions.check_session_pinned` at open, and
-the backend pid every statement on a lease session returns) and raises :class:`~aaa_celery.errors.UnsafeDeployment`.
-Connect directly, or through a session-mode pool.
-
-Open the store after forking (Celery's ``worker_process_init``): connections
-cannot cross a fork. The advisory lock keys share the database's one key space
-with any other advisory locks that an application takes.
+A lease is a session-level advisory lock on one of the store's lease sessions
+(:mod:`.lease_sessions`); attempts, results and events are the rows of :mod:`.schema`,
+written under ``SELECT ... FOR UPDATE``, so the attempt number is a real fence. ``begin``
+and ``finish`` of a call in the state lifecycle planned for are one prepared call of a
+server-side function (:mod:`.pg_functions`, through :mod:`.pg_driver`); any other call is
+decided from its row in a transaction of two round trips, the lock kept. A frozen but
+connected holder keeps its lease; a dead one's session, and every lease on it, ends at
+once. The recovery sweep reads the rows whose sweep hint (``lifecycle.sweep_hint``, moved
+on by each ``renew``) has lapsed, and asks their locks. ``docs/stores.md`` describes it
+all for operators: lease sessions, keepalives, ``idle_session_timeout_s``, poolers, and
+Celery's results in the same database.
 """
 
 from __future__ import annotations
@@ -84,7 +31,7 @@ from sqlalchemy.engine import Connection, Row
 from ...config import GuardConfig
 from ...errors import ConfigError, StoreUnavailable
 from ...lifecycle import (Accepted, BeginResult, CallSpec, CallState, Claimed, FinishResult, Lease, Outcome, Writes,
-                          plan_finish, spec_rank, sweep_hint)
+                          plan_finish, plan_renew, spec_rank, sweep_hint)
 from .._writes import apply
 from ..base import ResultCopy, ResultRow, new_token, wrap_errors
 from . import versions
@@ -564,8 +511,11 @@ class PostgresStore(SQLRuns, SQLStore):
         and move the row's sweep hint on (``lifecycle.sweep_hint``) in the same statement."""
         key = lock_key(lease.call_id)
         if self._sessions.holder(key, lease.token) is not None:
+            # planned for the lease holding the call: the statement writes it only while it does
+            renewal = plan_renew(lease, True).renew
+            assert renewal is not None
             with wrap_errors(self.kind, *self._errors):
-                held = self._sessions.holds(key, lease.call_id, lease.token, sweep_hint(lease, self.now()))
+                held = self._sessions.holds(key, lease.call_id, lease.token, sweep_hint(renewal, self.now()))
             if held is not None:
                 return held
         pid = self.lease_backend_pid(lease)

@@ -7,12 +7,11 @@ inside its transactions. The run records' statements sit with them in :mod:`.run
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from ...lifecycle import FINISHED_HINT, RESOLVED, CallSpec, Event, Lease, Outcome, sweep_hint
+from ...lifecycle import RESOLVED
 from .schema import UNCLAIMED, budget_tokens, budgets, calls, checkpoints, events, recoveries, results, slots
 
 if TYPE_CHECKING:
@@ -21,9 +20,6 @@ if TYPE_CHECKING:
 
 #: The dialect's ``insert`` (PostgreSQL's or SQLite's: both have ON CONFLICT).
 Insert = Callable[[sa.Table], "PostgresInsert | SQLiteInsert"]
-
-_NO_LEASE = {"lease_token": None, "lease_worker": None, "lease_attempt": None, "lease_expires_at": None}
-
 
 # -- Statements: every one the SQL stores run, by name -------------------------------
 
@@ -39,39 +35,15 @@ def lapsed_at(expires_at: sa.ColumnElement[Any], now: float) -> sa.ColumnElement
     return sa.or_(expires_at.is_(None), expires_at <= now)
 
 
-
-
 def select_call_for_update(call_id: str, *extra: sa.ColumnElement[Any]) -> sa.Select[Any]:
     """Read a call's row and lock it until the transaction ends (SQLite: the
     ``BEGIN IMMEDIATE`` write lock already serializes, ``FOR UPDATE`` renders as nothing)."""
     return sa.select(calls, *extra).where(calls.c.call_id == call_id).with_for_update()
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 def select_result(call_id: str) -> sa.Select[Any]:
     """The call's recorded outcome."""
     return sa.select(results.c.outcome).where(results.c.call_id == call_id)
-
-
-
-
-
-
 
 
 def select_events(call_id: str) -> sa.Select[Any]:
@@ -123,8 +95,6 @@ def lease_holds(call_id: str, token: str) -> sa.Select[Any]:
     """The call's row, locked, if the lease with ``token`` is its lease (live or not: the
     backend checks that)."""
     return select_call_for_update(call_id).where(calls.c.lease_token == token)
-
-
 
 
 def select_checkpoint(call_id: str) -> sa.Select[Any]:
@@ -207,8 +177,6 @@ def select_calls_page(since: float | None, until: float | None, after: tuple[flo
 def select_resolved(call_ids: Sequence[str]) -> sa.Select[Any]:
     """Which of these calls an operator resolved."""
     return sa.select(events.c.call_id).where(events.c.type == RESOLVED, events.c.call_id.in_(call_ids))
-
-
 
 
 def select_finished_before(before: float, limit: int) -> sa.Select[Any]:

@@ -15,7 +15,7 @@ import abc
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Literal
 
 import sqlalchemy as sa
@@ -23,70 +23,20 @@ from sqlalchemy.engine import Connection, Row
 
 from ...config import GuardConfig
 from ...errors import StoreUnavailable
-from ...lifecycle import (
-    BeginResult,
-    CallSpec,
-    CallState,
-    Checkpoint,
-    Draft,
-    Event,
-    FinishResult,
-    Lease,
-    Outcome,
-    RecordKind,
-    Writes,
-    joined,
-    held_by,
-    lost_cause_event,
-    merge_spec,
-    plan_begin,
-    plan_checkpoint,
-    plan_fenced,
-    plan_finish,
-    plan_hand_on,
-    plan_record,
-    plan_resolve,
-    plan_recovery_claim,
-    plan_release,
-    plan_renew,
-    plan_settle,
-    lapsed,
-    plan_slot,
-    plan_spend,
-    window_of,
-    SlotPlan,
-    PURGED,
-)
+from ...lifecycle import (BeginResult, CallSpec, CallState, Checkpoint, Draft, Event, FinishResult, Lease, Outcome,
+                          RecordKind, Writes, joined, held_by, lost_cause_event, plan_begin,
+                          plan_checkpoint, plan_fenced, plan_finish, plan_hand_on, plan_record, plan_resolve,
+                          plan_recovery_claim, plan_release, plan_renew, plan_settle, lapsed, plan_slot, plan_spend,
+                          window_of, SlotPlan, PURGED)
 from .._writes import apply
 from ..base import ResultCopy, Store, StoreVersion
 from ..budgets import check_spend
 from ..ops import CallRecord
-from .queries import (
-    Insert,
-    PAGE,
-    count_budget_spend,
-    delete_budget_tokens,
-    hold_recovery,
-    insert_budget_if_absent,
-    insert_slots_if_absent,
-    lease_holds,
-    select_budget_for_update,
-    select_budget_token,
-    select_call_for_update,
-    select_calls_page,
-    select_checkpoint,
-    select_events,
-    select_finished_before,
-    select_recovery,
-    select_resolved,
-    select_result,
-    select_slots,
-    select_slots_for_update,
-    select_unfinished,
-    start_budget_window,
-    update_slots,
-    upsert_recovery,
-)
+from .queries import (Insert, PAGE, count_budget_spend, delete_budget_tokens, hold_recovery, insert_budget_if_absent,
+                      insert_slots_if_absent, lease_holds, select_budget_for_update, select_budget_token,
+                      select_call_for_update, select_calls_page, select_checkpoint, select_events,
+                      select_finished_before, select_recovery, select_resolved, select_result, select_slots,
+                      select_slots_for_update, select_unfinished, start_budget_window, update_slots, upsert_recovery)
 from . import versions
 from .statements import INSERT_NEW_CALL, SQLWriter, SELECT_EVENT_DATA, Statement, dumps, lock_call
 from .schema import calls, checkpoints, events, recoveries, results

@@ -113,10 +113,10 @@ end
 -- A new call also enters the shard's calls index at `now`. Appends field, value pairs to
 -- `fields`; returns the name and idempotency key of the spec in force afterwards. (Every
 -- writer of a spec writes its name: a spec without one is no spec.)
-local function merge_fields(fields, json, name, ikey, rank, stored_name, stored_ikey, stored_req, now)
+local function merge_fields(fields, json, name, ikey, rank, below, stored_name, stored_ikey, stored_req, now)
   if not stored_name then
     redis.call('ZADD', CALLS, 'NX', now or (clock()), CALL)
-  elseif not (rank == '2' or tonumber(rank) > tonumber(stored_req or '0')) then
+  elseif tonumber(stored_req or '0') >= tonumber(below) then  -- not replaced: lifecycle.replaces_below
     return stored_name, stored_ikey
   end
   for _, v in ipairs({'json', json, 'name', name, 'ikey', ikey, 'req', rank}) do
@@ -127,9 +127,9 @@ end
 
 -- Store the call's spec unless known, or replace it as merge_fields says. Returns true when
 -- the call is new.
-local function ensure_spec(json, name, ikey, rank)
+local function ensure_spec(json, name, ikey, rank, below)
   local stored, fields = redis.call('HMGET', SPEC, 'name', 'req'), {}
-  merge_fields(fields, json, name, ikey, rank, stored[1] or nil, nil, stored[2] or nil, nil)
+  merge_fields(fields, json, name, ikey, rank, below, stored[1] or nil, nil, stored[2] or nil, nil)
   if #fields > 0 then
     redis.call('HSET', SPEC, unpack(fields))
   end

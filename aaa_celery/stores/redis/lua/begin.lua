@@ -4,13 +4,14 @@
 -- KEYS: the call keys of _lib.lua.
 -- ARGV[1] call id
 -- ARGV[2] the delivered CallSpec JSON    ARGV[3] its name    ARGV[4] its idempotency key
--- ARGV[5] its lifecycle.spec_rank (the spec is kept as lifecycle.merge_spec says: merge_fields)
+-- ARGV[5] its lifecycle.spec_rank   ARGV[6] its lifecycle.replaces_below (the spec is kept as
+--   lifecycle.merge_spec says: merge_fields)
 -- The expected state (lifecycle.CallState, as store.py's _expected packs it):
---   ARGV[6] "<attempts>:<handed_on>:<handed>:<live>" (live: 1 if a lease holds the call)
---   ARGV[7] token of the last claim ('' none)   ARGV[8], ARGV[9] name and idempotency key of
---   the spec in force after the merge   ARGV[10] the lost cause ('' none; compared only where
+--   ARGV[7] "<attempts>:<handed_on>:<handed>:<live>" (live: 1 if a lease holds the call)
+--   ARGV[8] token of the last claim ('' none)   ARGV[9], ARGV[10] name and idempotency key of
+--   the spec in force after the merge   ARGV[11] the lost cause ('' none; compared only where
 --   it is read: attempts > 0 and no live lease)
--- ARGV[11...] the plan's writes (_lib.lua's apply): for a fresh call 'claim' and 'event'
+-- ARGV[12...] the plan's writes (_lib.lua's apply): for a fresh call 'claim' and 'event'
 --   (attempt 1 and its aaa.tool.started event); a refusal 'record' and 'event'.
 -- Checks, and nothing else: that no result is recorded and that each of the fields above is
 -- what the call's keys hold now. The spec is merged in either case.
@@ -23,7 +24,7 @@ local now, at = clock()
 local spec = redis.call('HMGET', SPEC, 'name', 'ikey', 'req', 'handed_on', 'handed', 'token')
 local counts = redis.call('MGET', ATTEMPTS, RESULT)
 local fields = {}
-local name, ikey = merge_fields(fields, ARGV[2], ARGV[3], ARGV[4], ARGV[5], spec[1], spec[2], spec[3], now)
+local name, ikey = merge_fields(fields, ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], spec[1], spec[2], spec[3], now)
 
 local attempts, result = counts[1] or '0', counts[2]
 local pttl = result and -2 or redis.call('PTTL', LEASE)  -- a finished call has no lease
@@ -33,9 +34,9 @@ local cause = ''
 if not result and attempts ~= '0' and live == '0' then
   cause = lost_cause(attempts)
 end
-if not result and ARGV[6] == attempts .. ':' .. handed_on .. ':' .. handed .. ':' .. live and ARGV[7] == token
-    and ARGV[8] == name and ARGV[9] == ikey and ARGV[10] == cause then
-  return {1, apply(11, now, at, fields)}
+if not result and ARGV[7] == attempts .. ':' .. handed_on .. ':' .. handed .. ':' .. live and ARGV[8] == token
+    and ARGV[9] == name and ARGV[10] == ikey and ARGV[11] == cause then
+  return {1, apply(12, now, at, fields)}
 end
 
 if #fields > 0 then

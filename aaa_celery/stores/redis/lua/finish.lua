@@ -39,7 +39,7 @@ local now, at = clock()
 local name = redis.call('HGET', SPEC, 'name')
 local state = redis.call('MGET', RESULT, ATTEMPTS)
 local fields = {}
-name = merge_fields(fields, ARGV[2], '', '', '0', name, '', '0', now)
+name = merge_fields(fields, ARGV[2], '', '', '0', '0', name, '', '0', now)
 local result, attempts = state[1], state[2] or '0'
 
 if ARGV[3] == (result or '') and ARGV[4] == attempts and ARGV[5] == name then
