@@ -19,20 +19,12 @@ from celery import Celery
 from pydantic_ai import FunctionToolset
 
 from aaa_celery.contrib.pydantic_ai import GuardedToolset
+from tests.fleet_apps import ProcessRedis, redis_app
 
 ENV = "AAA_PAI_REDIS"
 LEDGER_KEY = "aaa:test:pai-ledger"
-_ledger: Any = None
-
-
-def ledger() -> Any:
-    """This process's Redis client for the ledger (opened after fork)."""
-    global _ledger
-    import redis
-
-    if _ledger is None or _ledger.connection_pool.pid != os.getpid():
-        _ledger = redis.Redis.from_url(os.environ[ENV], decode_responses=True)
-    return _ledger
+#: This process's Redis client for the ledger.
+ledger = ProcessRedis(ENV)
 
 
 def note(tool: str, **fields: Any) -> int:
@@ -88,17 +80,7 @@ POLICIES = {
 
 
 def make_app(url: str) -> tuple[Celery, GuardedToolset]:
-    app = Celery("pydantic_ai_app", broker=url, backend=url)
-    app.conf.update(
-        task_serializer="json",
-        result_serializer="json",
-        accept_content=["json"],
-        worker_prefetch_multiplier=1,
-        broker_connection_retry_on_startup=True,
-        result_expires=600,
-        aaa_store_url=url,
-        aaa_recovery_interval_s=0.5,
-    )
+    app = redis_app("pydantic_ai_app", url)
     # a lease of 8 s: a pool child starved for a few seconds on a loaded 2-core machine keeps its call
     guarded = GuardedToolset(tools, app=app, policies=POLICIES, tenant=lambda ctx: ctx.deps,
                              guard={"lease_ttl_s": 8, "wait_poll_s": 0.25})

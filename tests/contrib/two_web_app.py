@@ -24,20 +24,12 @@ from celery import Celery
 from aaa_celery.llm import FakeLLMClient, LLMRequest, LLMResponse, ToolCall
 from aaa_celery.llm.fake import text
 from aaa_celery.tools import ToolContext, ToolHandler, ToolRegistry, tool
+from tests.fleet_apps import ProcessRedis, redis_app
 
 ENV = "AAA_TWO_WEB_REDIS"
 LEDGER = "aaa:test:two-web:ledger"
 MODEL = "aaa:test:two-web:model"
-_client: Any = None
-
-
-def redis_client() -> Any:
-    global _client
-    import redis
-
-    if _client is None or _client.connection_pool.pid != os.getpid():
-        _client = redis.Redis.from_url(os.environ[ENV], decode_responses=True)
-    return _client
+redis_client = ProcessRedis(ENV)
 
 
 def note(key: str, **fields: Any) -> None:
@@ -96,10 +88,7 @@ llm = FakeLLMClient(model)
 
 
 def make_app(url: str) -> Celery:
-    app = Celery("two_web_app", broker=url, backend=url)
-    app.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"],
-                    worker_prefetch_multiplier=1, broker_connection_retry_on_startup=True, result_expires=600,
-                    aaa_store_url=url, aaa_recovery_interval_s=0.5)
+    app = redis_app("two_web_app", url)
     new_handler().bind(app)
     return app
 

@@ -21,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from aaa_celery.testing import Fleet, Ledger, wait_for
+from tests.fleet_apps import started
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres, pytest.mark.fleet]
 
@@ -89,18 +90,10 @@ def fleet(web: Web, redis_server: Any, tmp_path_factory: pytest.TempPathFactory)
     """Two prefork workers for the module; a test that kills one adds another."""
     env = {k: v for k, v in web.env.items() if k.startswith(("AAA_DT_", "DJANGO_"))}
     python = None if web.python == sys.executable else web.python  # the venv's workers: its own packages
-    f = Fleet("tests.django_tasks.celery_app", size=2, env=env, cwd=ROOT, python=python,
-              workdir=tmp_path_factory.mktemp("django-tasks-fleet"))
-    failed = True
-    try:
-        f.start()
+    with started(Fleet("tests.django_tasks.celery_app", size=2, env=env, cwd=ROOT, python=python,
+                       workdir=tmp_path_factory.mktemp("django-tasks-fleet"))) as f:
         f.ledger = Ledger(redis_server.url)  # type: ignore[attr-defined]
         yield f
-        failed = False
-    finally:
-        if failed:
-            print(f.logs())
-        f.stop()
 
 
 def kill_holder(f: Any, call_id: str) -> None:

@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from aaa_celery.testing import Fleet, Ledger, freeze, wait_for
+from tests.fleet_apps import started
 from tests.servers import libpq_url
 
 from .conftest import make_shop, orders
@@ -84,24 +85,18 @@ def shop(request: pytest.FixtureRequest, tmp_path: Path) -> Shop:
 @pytest.fixture
 def fleet(shop: Shop, redis_url: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
     env = {"AAA_EFFECTS_BROKER": redis_url, **shop.env}
-    f = Fleet("tests.effects.app", size=2, env=env, cwd=ROOT, workdir=tmp_path / "fleet")
-    failed = True
-    try:
-        f.start()
+    with started(Fleet("tests.effects.app", size=2, env=env, cwd=ROOT, workdir=tmp_path / "fleet")) as f:
         os.environ.update(env)  # the client app below reads the same settings
-        from celery import Celery
+        try:
+            from celery import Celery
 
-        client = Celery("effects_client", broker=redis_url, backend=redis_url)
-        client.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
-        f.client, f.ledger = client, Ledger(redis_url)  # type: ignore[attr-defined]
-        yield f
-        failed = False
-    finally:
-        if failed:
-            print(f.logs())
-        f.stop()
-        for k in env:
-            os.environ.pop(k, None)
+            client = Celery("effects_client", broker=redis_url, backend=redis_url)
+            client.conf.update(task_serializer="json", result_serializer="json", accept_content=["json"])
+            f.client, f.ledger = client, Ledger(redis_url)  # type: ignore[attr-defined]
+            yield f
+        finally:
+            for k in env:
+                os.environ.pop(k, None)
 
 
 def entries(f: Any, task_id: str, event: str) -> Callable[[], list[dict[str, Any]]]:

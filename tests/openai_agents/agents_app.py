@@ -15,20 +15,12 @@ from typing import Any
 from celery import Celery
 
 from aaa_celery.tools import ToolContext, ToolHandler, ToolRegistry, tool
+from tests.fleet_apps import ProcessRedis, redis_app
 
 ENV = "AAA_AGENTS_REDIS"
 LEDGER_KEY = "aaa:test:agents-ledger"
-_ledger: Any = None
-
-
-def ledger() -> Any:
-    """This process's Redis client (opened after fork)."""
-    global _ledger
-    import redis
-
-    if _ledger is None or _ledger.connection_pool.pid != os.getpid():
-        _ledger = redis.Redis.from_url(os.environ[ENV], decode_responses=True)
-    return _ledger
+#: This process's Redis client.
+ledger = ProcessRedis(ENV)
 
 
 def record(tool_name: str, **fields: Any) -> None:
@@ -84,12 +76,7 @@ def handler() -> ToolHandler:
 
 
 def make_app(url: str) -> Celery:
-    app = Celery("agents_app", broker=url, backend=url)
-    app.conf.update(
-        task_serializer="json", result_serializer="json", accept_content=["json"],
-        worker_prefetch_multiplier=1, broker_connection_retry_on_startup=True, result_expires=600,
-        aaa_store_url=url, aaa_recovery_interval_s=0.5,
-    )
+    app = redis_app("agents_app", url)
     handler().bind(app)
     return app
 

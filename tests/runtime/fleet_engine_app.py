@@ -19,20 +19,12 @@ from typing import Any
 from celery import Celery
 
 from aaa_celery.tools import ToolContext, ToolError, ToolHandler, ToolRegistry, tool
+from tests.fleet_apps import ProcessRedis, redis_app
 
 LEDGER_KEY = "aaa:test:engine-ledger"
 ENV = "AAA_ENGINE_REDIS"
-_ledger: Any = None
-
-
-def ledger():
-    """This process's Redis client for the ledger (opened after fork)."""
-    global _ledger
-    import redis
-
-    if _ledger is None or _ledger.connection_pool.pid != os.getpid():
-        _ledger = redis.Redis.from_url(os.environ[ENV], decode_responses=True)
-    return _ledger
+#: This process's Redis client for the ledger.
+ledger = ProcessRedis(ENV)
 
 
 def record(tool_name: str, event: str, ctx: ToolContext | None = None, **fields: Any) -> None:
@@ -121,17 +113,7 @@ def handler() -> ToolHandler:
 
 
 def make_app(url: str) -> Celery:
-    app = Celery("fleet_engine_app", broker=url, backend=url)
-    app.conf.update(
-        task_serializer="json",
-        result_serializer="json",
-        accept_content=["json"],
-        worker_prefetch_multiplier=1,
-        broker_connection_retry_on_startup=True,
-        result_expires=600,
-        aaa_store_url=url,
-        aaa_recovery_interval_s=0.5,
-    )
+    app = redis_app("fleet_engine_app", url)
     handler().bind(app)
     return app
 

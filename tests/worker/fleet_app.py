@@ -42,9 +42,9 @@ from kombu import Queue
 
 from aaa_celery import GuardedTask, ToolArgsError, ToolContext, ToolError, open_store
 from aaa_celery.policy import Concurrency
-from aaa_celery.testing import Ledger
 from aaa_celery.tools import ToolHandler, ToolRegistry, tool
 from aaa_celery.tools.handler import use_store
+from tests.fleet_apps import FLEET_CONF, ProcessLedger
 
 
 def make_app(env: Mapping[str, str]) -> Celery:
@@ -58,13 +58,8 @@ def make_app(env: Mapping[str, str]) -> Celery:
         transport["unacked_restore_throttle"] = 1
     ttl = float(env.get("AAA_FLEET_TTL") or 2)
     app.conf.update(
-        task_serializer="json",
-        result_serializer="json",
-        accept_content=["json"],
-        worker_prefetch_multiplier=1,
+        FLEET_CONF,
         broker_transport_options=transport,
-        broker_connection_retry_on_startup=True,
-        result_expires=600,
         aaa_guard={"lease_ttl_s": ttl, "wait_poll_s": 0.25, "enabled": env.get("AAA_FLEET_ENABLED", "1") != "0"},
         aaa_recovery_interval_s=float(env.get("AAA_FLEET_RECOVERY_S") or 1),
     )
@@ -92,13 +87,7 @@ def make_app(env: Mapping[str, str]) -> Celery:
     elif env.get("AAA_FLEET_STORE_OPTIONS"):
         app.conf.aaa_store_options = json.loads(env["AAA_FLEET_STORE_OPTIONS"])
     ledger_url = env.get("AAA_FLEET_LEDGER") or broker
-    ledger: Ledger | None = None
-
-    def record(event: str, ctx: ToolContext, **fields: Any) -> None:
-        nonlocal ledger
-        if ledger is None or ledger._redis.connection_pool.pid != os.getpid():
-            ledger = Ledger(ledger_url)
-        ledger.record(event, ctx=ctx, **fields)
+    record = ProcessLedger(ledger_url).record
 
     def long(seconds: float, ctx: ToolContext) -> dict[str, Any]:
         record("start", ctx)

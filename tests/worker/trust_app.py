@@ -15,40 +15,28 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
 
 from celery import Celery
 from kombu import Queue
 
 from aaa_celery import GuardedTask, GuardPolicy, ToolContext
 from aaa_celery.policy import Budget, Where
-from aaa_celery.testing import Ledger
 from aaa_celery.tools import ToolHandler, ToolRegistry, tool
+from tests.fleet_apps import FLEET_CONF, ProcessLedger
 
 
 def make_app(env: Mapping[str, str]) -> Celery:
     broker = env["AAA_TRUST_BROKER"]
     app = Celery("trust_app", broker=broker, backend=broker)
     app.conf.update(
-        task_serializer="json",
-        result_serializer="json",
-        accept_content=(env.get("AAA_TRUST_ACCEPT") or "json").split(","),
-        worker_prefetch_multiplier=1,
-        broker_connection_retry_on_startup=True,
-        result_expires=600,
+        {**FLEET_CONF, "accept_content": (env.get("AAA_TRUST_ACCEPT") or "json").split(",")},
         aaa_guard={"lease_ttl_s": 5, "wait_poll_s": 0.25},
         aaa_recovery_interval_s=1,
     )
     if env.get("AAA_TRUST_STORE"):
         app.conf.aaa_store_url = env["AAA_TRUST_STORE"]
     app.conf.task_queues = [Queue("celery", routing_key="celery"), Queue("aaa.default", routing_key="aaa.default")]
-    ledger: Ledger | None = None
-
-    def record(event: str, ctx: ToolContext, **fields: Any) -> None:
-        nonlocal ledger
-        if ledger is None or ledger._redis.connection_pool.pid != os.getpid():
-            ledger = Ledger(broker)
-        ledger.record(event, ctx=ctx, **fields)
+    record = ProcessLedger(broker).record
 
     @app.task(base=GuardedTask, name="trust.ping", shared=False)  # no other app of the process gets it
     def ping(x: int, ctx: ToolContext) -> int:

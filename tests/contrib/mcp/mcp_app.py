@@ -13,6 +13,7 @@ from celery import Celery
 from aaa_celery.contrib.mcp import annotate
 from aaa_celery.testing import Ledger
 from aaa_celery.tools import ToolContext, ToolHandler, ToolRegistry, tool
+from tests.fleet_apps import redis_app
 
 ENV = "AAA_MCP_REDIS"
 _ledger: Ledger | None = None
@@ -81,12 +82,7 @@ REGISTRY = ToolRegistry([lookup, charge, sync_index, long_job, wire])
 
 
 def make_app(url: str) -> Celery:
-    app = Celery("mcp_app", broker=url, backend=url)
-    app.conf.update(
-        task_serializer="json", result_serializer="json", accept_content=["json"],
-        worker_prefetch_multiplier=1, broker_connection_retry_on_startup=True, result_expires=600,
-        aaa_store_url=url, aaa_recovery_interval_s=0.5,
-    )
+    app = redis_app("mcp_app", url)
     handler().bind(app)
     return app
 
