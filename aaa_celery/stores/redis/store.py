@@ -263,13 +263,13 @@ class RedisStore(RedisRuns, Store):
     def _run(self, script: str, call_id: str, *args: Any, more_keys: tuple[Any, ...] = ()) -> Any:
         keys = self._keys(call_id)
         keys.extend(more_keys)
-        return self._eval(script, keys, [call_id, *args], f"{script} of {call_id!r}")
+        return self._eval(script, keys, [call_id, *args], call_id)
 
-    def _eval(self, name: str, keys: list[str], args: list[Any], what: str,
+    def _eval(self, name: str, keys: list[str], args: list[Any], subject: str,
               wrote: Callable[[Any], bool] = lambda reply: True) -> Any:
         """Script ``name`` on the thread's connection. With ``replicas``, a reply that ``wrote``
         counts only once that many replicas have the write (``WAIT``, in the same round trip):
-        else StoreUnavailable, naming ``what``."""
+        else StoreUnavailable, naming the script and its ``subject`` (a call id, a key)."""
         with wrap_errors(self.kind, *ERRORS):
             client, script = self._redis, self._script(name)
             if self.cluster:
@@ -278,8 +278,8 @@ class RedisStore(RedisRuns, Store):
                 return evalsha(client, self._held, script, keys, args)
             reply, acked = evalsha(client, self._held, script, keys, args, self._wait)
         if acked < self.replicas and wrote(reply):
-            raise StoreUnavailable(f"redis store: {what} reached {acked} of {self.replicas} replicas within "
-                                   f"{self._wait[1]} ms (aaa_store_options replicas): not counted as made")
+            raise StoreUnavailable(f"redis store: {name} of {subject!r} reached {acked} of {self.replicas} replicas "
+                                   f"within {self._wait[1]} ms (aaa_store_options replicas): not counted as made")
         return reply
 
     def _known_spec(self, call_id: str) -> CallSpec | None:
@@ -579,7 +579,7 @@ class RedisStore(RedisRuns, Store):
         plan = SlotPlan("full")  # planned once the holders are read (the first reply)
         for _ in range(_SPEND_TRIES):
             # with ``replicas``, a slot taken counts once that many replicas have it (as a call's writes)
-            reply = self._eval("slot", keys, args, f"a slot of {key!r}", lambda reply: bool(reply[0] == "done"))
+            reply = self._eval("slot", keys, args, key, lambda reply: bool(reply[0] == "done"))
             if reply[0] == "done":
                 return plan
             now_ms, held = int(reply[1]), [str(v) for v in reply[2]]
