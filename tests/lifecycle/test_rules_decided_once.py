@@ -164,3 +164,14 @@ def test_the_call_scripts_are_all_scanned():
     scripts = {p.stem for p in (STORES / "redis" / "lua").glob("*.lua")}
     others = {"spend", "slot"} | {s for s in scripts if s.startswith("run_")}
     assert scripts - others == set(CALL_SCRIPTS)
+
+
+def test_the_postgresql_heartbeat_makes_the_one_renew_write_of_statements():
+    """One write, one text: PostgreSQL's heartbeat statement (run on the lease session, with its
+    own checks around the write) is built from ``statements.RENEW_LEASE``, the renew write every
+    SQL store applies, not written again by hand."""
+    from aaa_celery.stores.sql.pg_driver import RENEW_OWN_LEASE
+    from aaa_celery.stores.sql.statements import RENEW_LEASE
+
+    assert RENEW_LEASE.postgresql in RENEW_OWN_LEASE
+    assert RENEW_OWN_LEASE.count("UPDATE aaa_calls") == 1
