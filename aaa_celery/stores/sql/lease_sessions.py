@@ -256,7 +256,7 @@ class LeaseSession:
             self.planned = False  # autocommitted: the failed statement took no lock
             return None
         except BaseException as e:
-            if self._broken():
+            if self._broken(e):
                 self._drop()
                 return None
             self._failed(e, key, take, took=take)
@@ -282,7 +282,7 @@ class LeaseSession:
                 row, spec = tx.lock_call(call, now)
                 break
             except BaseException as e:
-                if self._broken() and retry:
+                if self._broken(e) and retry:
                     self._drop()  # a failed session held no lock of ours any more: once more on a new one
                     got = None
                     continue
@@ -320,9 +320,13 @@ class LeaseSession:
         if release and not take:
             self.keys.pop(key, None)
 
-    def _broken(self) -> bool:
+    def _broken(self, error: BaseException | None = None) -> bool:
+        """Whether the session's connection is gone: libpq says so, or ``error`` is psycopg's
+        finding that the connection's socket was closed (before libpq has noticed)."""
         conn = self.conn
         driver = None if conn is None else conn.connection.driver_connection
+        if isinstance(error, CONNECTION_ERRORS) and str(error) == "connection socket closed":
+            return True
         return driver is None or bool(driver.broken or driver.closed)
 
     def _check(self, pid: int) -> None:
