@@ -34,6 +34,7 @@ def shown(result: Any) -> dict[str, Any]:
     out = {"id": result.id, "status": str(result.status), "attempts": result.attempts,
            "worker_ids": result.worker_ids, "errors": [[e.exception_class_path, e.traceback] for e in result.errors],
            "enqueued_at": result.enqueued_at and result.enqueued_at.timestamp(),
+           "run_after": result.task.run_after and result.task.run_after.timestamp(),
            "started_at": result.started_at and result.started_at.timestamp(),
            "finished_at": result.finished_at and result.finished_at.timestamp(),
            "last_attempted_at": result.last_attempted_at and result.last_attempted_at.timestamp()}
