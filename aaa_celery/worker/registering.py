@@ -12,11 +12,21 @@ trip after the broker accepted it. Inside, for up to ``max_calls`` sends or ``ma
 window *and* the broker loses that message, the call is lost with no trace in the store.
 Either fault alone loses nothing: a call the broker still holds is registered by the
 worker's ``begin``. So it is opt-in, per block; keep the block to the publishing loop.
+
+**A registration that meets store trouble** (the store restarting, failing over) is tried
+again by the publishing process, in a background thread, for up to :data:`RETRY_FOR_S`
+from the publish (half the store's ``retention_s`` if that is shorter), so a call whose
+message the broker then loses is still recovered. One that a worker has begun meanwhile
+is known to the store and is not written again. A call still unregistered when the
+window ends, or when the process exits, is logged with its id.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import math
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +39,92 @@ from ..stores.base import CallStore
 log = logging.getLogger("aaa_celery.worker")
 
 _local = threading.local()
+
+#: Seconds from the publish during which a registration that met store trouble is tried again.
+RETRY_FOR_S = 60.0
+#: Registrations waiting to be tried again, at most; past that the oldest are given up.
+RETRY_AT_MOST = 10_000
+
+
+class _Retries:
+    """The registrations this process tries again in the background, one thread for all."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.waiting: dict[tuple[int, str], tuple[CallStore, CallSpec, float]] = {}
+        self.thread: threading.Thread | None = None
+
+    def add(self, store: CallStore, calls: list[CallSpec], error: StoreError) -> None:
+        retention_s = getattr(store, "retention_s", math.inf)
+        until = time.monotonic() + min(RETRY_FOR_S, retention_s / 2)
+        with self.lock:
+            for call in calls:
+                self.waiting[(id(store), call.call_id)] = (store, call, until)
+            while len(self.waiting) > RETRY_AT_MOST:
+                oldest = next(iter(self.waiting))
+                del self.waiting[oldest]
+                log.error("aaa: call %s was sent but never registered: too many waiting", oldest[1])
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="aaa-register-retry", daemon=True)
+                self.thread.start()
+        ids = ", ".join(c.call_id for c in calls[:5]) + (", ..." if len(calls) > 5 else "")
+        log.warning("aaa: %d call(s) sent but not registered (%s): %s; trying again for up to %.0f s",
+                    len(calls), error, ids, until - time.monotonic())
+
+    def _run(self) -> None:
+        delay = 0.25
+        while True:
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+            with self.lock:
+                if not self.waiting:
+                    self.thread = None
+                    return
+                by_store: dict[int, tuple[CallStore, list[CallSpec]]] = {}
+                for store, call, _ in self.waiting.values():
+                    by_store.setdefault(id(store), (store, []))[1].append(call)
+            for store, calls in by_store.values():
+                self._register(store, calls)
+            self._give_up(time.monotonic())
+
+    def _register(self, store: CallStore, calls: list[CallSpec]) -> None:
+        try:
+            # one a worker began meanwhile is known: its stored spec stays the one in force
+            fresh = [call for call in calls if not store.events(call.call_id)]
+            store.register_many(fresh)
+        except Exception as e:  # noqa: BLE001 - any trouble: tried again until the window ends
+            log.debug("aaa: registering %d call(s) again failed: %r", len(calls), e)
+            return
+        with self.lock:
+            for call in calls:
+                self.waiting.pop((id(store), call.call_id), None)
+        log.info("aaa: %d call(s) sent while the store was unavailable are registered", len(fresh))
+
+    def _give_up(self, now: float) -> None:
+        with self.lock:
+            late = [k for k, (_, _, until) in self.waiting.items() if until <= now]
+            for k in late:
+                del self.waiting[k]
+        for _, call_id in late:
+            log.error("aaa: call %s was sent but never registered: the store stayed unavailable", call_id)
+
+    def left(self) -> None:
+        with self.lock:
+            for _, call_id in self.waiting:
+                log.error("aaa: call %s was sent but never registered: the process exited first", call_id)
+            self.waiting.clear()
+
+
+_retries = _Retries()
+
+
+def _forked() -> None:
+    global _retries
+    _retries = _Retries()  # the parent's thread is not in the child, nor are its calls the child's
+
+
+os.register_at_fork(after_in_child=_forked)
+atexit.register(lambda: _retries.left())
 
 
 class _Batch:
@@ -54,8 +150,8 @@ class _Batch:
         for store, calls in by_store.values():
             try:
                 store.register_many(calls)
-            except StoreError as e:  # the messages are out: the calls run, their workers register them
-                log.warning("aaa: %d calls were sent but not registered (%s)", len(calls), e)
+            except StoreError as e:  # the messages are out: registered once the store is back
+                _retries.add(store, calls, e)
 
 
 @contextmanager
@@ -89,4 +185,4 @@ def register(store: CallStore, call: CallSpec) -> None:
     try:
         store.register(call)
     except StoreError as e:
-        log.warning("aaa: call %s was sent but not registered (%s)", call.call_id, e)
+        _retries.add(store, [call], e)

@@ -151,6 +151,12 @@ def test_call_no_worker_can_claim_ends_failed_with_a_reason_instead_of_forever(f
     assert broker_copies == 0, sent
 
 
+def ran_once(f, result, timeout_s):
+    assert result.get(timeout=timeout_s) == 7
+    assert len(f.ledger.entries(result.id, "start")) == 1
+    assert types(f.store, result.id) == [STARTED, COMPLETED]
+
+
 def test_call_sent_while_the_store_was_down_then_its_worker_killed_is_recovered(fleet):
     """Reproduces on 4a34578 (seen in the chaos run with store_restart): a call published
     while the store was down is sent but not registered; the worker that took it died
@@ -173,8 +179,28 @@ def test_call_sent_while_the_store_was_down_then_its_worker_killed_is_recovered(
         assert broker.llen("celery") == 0
         store_server._spawn()
         f.add()
-        assert result.get(timeout=60) == 7
-        assert len(f.ledger.entries(result.id, "start")) == 1
-        assert types(f.store, result.id) == [STARTED, COMPLETED]
+        ran_once(f, result, 60)
+    finally:
+        store_server.stop(kill=True)
+
+
+def test_call_sent_while_the_store_was_down_then_lost_by_the_broker_is_registered_late_and_recovered(fleet):
+    """Reproduces on d797fdd (the CI chaos run, seed 7): a call published while the store
+    restarted was sent but not registered, and the broker lost its message (a worker frozen
+    with a BRPOP pending, then killed -9): no trace anywhere. The publishing process now
+    registers it once the store is back, so recovery finds it as a call the broker lost."""
+    store_server = RedisServer.start()
+    try:
+        settings = {"STORE": store_server.url, "LOST_AFTER": 1, "LOST_CHECK": 1, "GRACE": 3}
+        f = fleet(0, TTL=TTL, **settings)
+        broker = redis.Redis.from_url(f.env["AAA_FLEET_BROKER"])
+        store_server._halt(kill=True)
+        result = f.client.tasks["fleet.quick"].delay(6)
+        assert broker.llen("celery") == 1
+        broker.delete("celery")  # the broker lost the call's only message
+        store_server._spawn()
+        wait_for(lambda: f.store.expired(unclaimed_grace_s=0), 20, "the call registered once the store is back")
+        f.add()
+        ran_once(f, result, 45)
     finally:
         store_server.stop(kill=True)

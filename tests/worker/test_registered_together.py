@@ -4,12 +4,16 @@ bounds (issue 23 item 2). The fleet test of a lost message sent in a block is in
 
 from __future__ import annotations
 
+import math
+import os
 import time
 
 import pytest
 
+from aaa_celery.config import GuardConfig
 from aaa_celery.errors import StoreUnavailable
 from aaa_celery.lifecycle import CallSpec
+from aaa_celery.testing import wait_for
 from aaa_celery.stores.memory import MemoryStore
 from aaa_celery.worker import registering, registered_together
 
@@ -68,14 +72,62 @@ def test_an_exception_in_the_block_still_registers_what_was_sent_and_an_inner_bl
     assert store.batches == [["c-0", "c-1"]]
 
 
-def test_a_store_that_fails_the_batch_is_logged_not_raised(caplog):
-    class Down(Batches):
-        def register_many(self, calls: list[CallSpec]) -> None:
-            raise StoreUnavailable("down")
+class DownFor(Batches):
+    """A memory store whose registrations fail ``times`` times (the store restarting)."""
 
+    def __init__(self, times: float) -> None:
+        super().__init__()
+        self.times = times
+
+    def register_many(self, calls: list[CallSpec]) -> None:
+        if self.times > 0:
+            self.times -= 1
+            raise StoreUnavailable("down")
+        super().register_many(calls)
+
+    def register(self, call: CallSpec) -> None:
+        if self.times > 0:
+            self.times -= 1
+            raise StoreUnavailable("down")
+        super().register(call)
+
+
+def test_a_store_that_fails_the_batch_is_logged_not_raised_and_registered_once_it_is_back(caplog):
+    store = DownFor(2)
     with registered_together():
-        registering.register(Down(), CallSpec("c-0", "t"))
-    assert "1 calls were sent but not registered" in caplog.text
+        registering.register(store, CallSpec("c-0", "t"))
+    assert "1 call(s) sent but not registered (down): c-0; trying again" in caplog.text
+    wait_for(lambda: registered(store) == {"c-0"}, 10, "c-0 registered once the store is back")
+    assert store.batches == [["c-0"]]
+
+
+def test_a_call_sent_alone_is_registered_once_the_store_is_back_unless_a_worker_began_it():
+    store = DownFor(1)
+    registering.register(store, CallSpec("c-1", "t", request={"message": {"sent": 1}}))
+    registering.register(store, CallSpec("c-2", "t", request={"message": {"sent": 2}}))
+    store.begin(CallSpec("c-2", "t", request={"rebuilt": True}), "w", GuardConfig())
+    wait_for(lambda: registered(store) == {"c-1"}, 10, "c-1 registered once the store is back")
+    wait_for(lambda: not registering._retries.waiting, 10, "nothing left to register")
+    assert store.batches[-1] == ["c-1"]  # c-2's spec in force stays the one its worker wrote
+
+
+def test_registering_again_gives_up_when_the_window_ends(caplog, monkeypatch):
+    monkeypatch.setattr(registering, "RETRY_FOR_S", 0.5)
+    registering.register(DownFor(math.inf), CallSpec("c-3", "t"))
+    wait_for(lambda: "c-3 was sent but never registered: the store stayed unavailable" in caplog.text, 10,
+             "the retries given up")
+    assert not registering._retries.waiting
+
+
+def test_a_forked_child_does_not_inherit_the_parents_registrations():
+    store = DownFor(math.inf)
+    registering.register(store, CallSpec("c-4", "t"))
+    assert registering._retries.waiting
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if not registering._retries.waiting else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    registering._retries.left()
 
 
 @pytest.mark.parametrize("bounds", [{"max_calls": 0}, {"max_delay_s": -1.0}, {"max_delay_s": float("nan")}])
