@@ -117,7 +117,7 @@ def parser(doc: str | None, name: str, quick: str) -> argparse.ArgumentParser:
 def write_json(name: str, data: dict[str, Any]) -> Path:
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
-    payload = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    payload = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%S+0000", time.gmtime()),
                "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine(), **data}
     path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     return path
