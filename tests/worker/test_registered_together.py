@@ -135,3 +135,13 @@ def test_bad_bounds_fail_at_the_block(bounds):
     with pytest.raises(ValueError):
         with registered_together(**bounds):
             pass
+
+
+def test_past_retry_at_most_the_oldest_waiting_registrations_are_given_up(caplog, monkeypatch):
+    monkeypatch.setattr(registering, "RETRY_AT_MOST", 2)
+    store = DownFor(math.inf)
+    for i in range(3):
+        registering.register(store, CallSpec(f"c-{5 + i}", "t"))
+    assert "c-5 was sent but never registered: too many waiting" in caplog.text
+    assert sorted(call_id for _, call_id in registering._retries.waiting) == ["c-6", "c-7"]
+    registering._retries.left()
