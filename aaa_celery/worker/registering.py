@@ -29,7 +29,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from ..errors import StoreError
@@ -39,6 +39,14 @@ from ..stores.base import CallStore
 log = logging.getLogger("aaa_celery.worker")
 
 _local = threading.local()
+
+def _by_store(pairs: Iterable[tuple[CallStore, CallSpec]]) -> list[tuple[CallStore, list[CallSpec]]]:
+    """The calls grouped by the store they go to, in the order first seen."""
+    groups: dict[int, tuple[CallStore, list[CallSpec]]] = {}
+    for store, call in pairs:
+        groups.setdefault(id(store), (store, []))[1].append(call)
+    return list(groups.values())
+
 
 #: Seconds from the publish during which a registration that met store trouble is tried again.
 RETRY_FOR_S = 60.0
@@ -80,10 +88,8 @@ class _Retries:
                 if not self.waiting:
                     self.thread = None
                     return
-                by_store: dict[int, tuple[CallStore, list[CallSpec]]] = {}
-                for store, call, _ in self.waiting.values():
-                    by_store.setdefault(id(store), (store, []))[1].append(call)
-            for store, calls in by_store.values():
+                by_store = _by_store((store, call) for store, call, _ in self.waiting.values())
+            for store, calls in by_store:
                 self._register(store, calls)
             self._give_up(time.monotonic())
 
@@ -144,10 +150,7 @@ class _Batch:
 
     def flush(self) -> None:
         waiting, self.waiting = self.waiting, []
-        by_store: dict[int, tuple[CallStore, list[CallSpec]]] = {}
-        for store, call in waiting:
-            by_store.setdefault(id(store), (store, []))[1].append(call)
-        for store, calls in by_store.values():
+        for store, calls in _by_store(waiting):
             try:
                 store.register_many(calls)
             except StoreError as e:  # the messages are out: registered once the store is back

@@ -79,16 +79,17 @@ class DownFor(Batches):
         super().__init__()
         self.times = times
 
-    def register_many(self, calls: list[CallSpec]) -> None:
+    def _down(self) -> None:
         if self.times > 0:
             self.times -= 1
             raise StoreUnavailable("down")
+
+    def register_many(self, calls: list[CallSpec]) -> None:
+        self._down()
         super().register_many(calls)
 
     def register(self, call: CallSpec) -> None:
-        if self.times > 0:
-            self.times -= 1
-            raise StoreUnavailable("down")
+        self._down()
         super().register(call)
 
 
