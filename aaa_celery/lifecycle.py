@@ -96,18 +96,32 @@ def spec_rank(spec: CallSpec) -> int:
     return 1 if spec.request else 0
 
 
+@dataclass(frozen=True)
+class LateSpec(CallSpec):
+    """A spec registered late (:func:`registered_late`); stored as the :class:`CallSpec` it is."""
+
+
+def registered_late(spec: CallSpec) -> CallSpec:
+    """``spec`` to register late: by the publisher once the store is back from the trouble that
+    failed the registration at publish time. Meanwhile the call may have been sent anew (a
+    retry, a wait for a concurrency slot), so it replaces no message as sent (:func:`replaces_below`)."""
+    return LateSpec(**spec.__dict__)
+
+
 def replaces_below(incoming: CallSpec) -> int:
     """``incoming`` replaces a stored spec whose :func:`spec_rank` is below this: one that says
     worse how to send the call again; a message as sent replaces any (a retry sends the call
-    anew, with its own eta)."""
+    anew, with its own eta), unless it is registered late (:func:`registered_late`): the
+    message stored is then the newer one."""
     rank = spec_rank(incoming)
-    return 3 if rank == 2 else rank
+    return 3 if rank == 2 and not isinstance(incoming, LateSpec) else rank
 
 
 def merge_spec(stored: CallSpec | None, incoming: CallSpec) -> CallSpec:
     """The spec a store keeps for a call once ``incoming`` arrives: the first one it saw,
     unless ``incoming`` replaces it (:func:`replaces_below`)."""
-    return incoming if stored is None or spec_rank(stored) < replaces_below(incoming) else stored
+    kept = incoming if stored is None or spec_rank(stored) < replaces_below(incoming) else stored
+    return CallSpec(**kept.__dict__) if isinstance(kept, LateSpec) else kept
 
 
 @dataclass(frozen=True)

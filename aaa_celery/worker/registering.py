@@ -17,7 +17,8 @@ worker's ``begin``. So it is opt-in, per block; keep the block to the publishing
 again by the publishing process, in a background thread, for up to :data:`RETRY_FOR_S`
 from the publish (half the store's ``retention_s`` if that is shorter), so a call whose
 message the broker then loses is still recovered. One that a worker has begun meanwhile
-is known to the store and is not written again. A call still unregistered when the
+is known to the store and is not written again, and a late registration never replaces a
+message the call was sent with since (``lifecycle.registered_late``). A call still unregistered when the
 window ends, or when the process exits, is logged with its id.
 """
 
@@ -33,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from ..errors import StoreError
-from ..lifecycle import CallSpec
+from ..lifecycle import CallSpec, registered_late
 from ..stores.base import CallStore
 
 log = logging.getLogger("aaa_celery.worker")
@@ -67,7 +68,7 @@ class _Retries:
         until = time.monotonic() + min(RETRY_FOR_S, retention_s / 2)
         with self.lock:
             for call in calls:
-                self.waiting[(id(store), call.call_id)] = (store, call, until)
+                self.waiting[(id(store), call.call_id)] = (store, registered_late(call), until)
             while len(self.waiting) > RETRY_AT_MOST:
                 oldest = next(iter(self.waiting))
                 del self.waiting[oldest]

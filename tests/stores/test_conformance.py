@@ -40,6 +40,7 @@ from aaa_celery.lifecycle import (
     Refused,
     Stale,
     checkpoint_json,
+    registered_late,
     stamped,
 )
 
@@ -716,7 +717,8 @@ def test_a_result_value_is_stored_once_and_every_reader_still_sees_it(store_fact
 def test_a_spec_in_force_gives_way_only_to_one_that_says_better_how_to_send_the_call(store_factory):
     """``lifecycle.merge_spec`` on every backend (Redis applies ``replaces_below``'s threshold
     in its scripts): a bare spec never replaces one, a rebuilt request replaces a bare spec
-    only, and a message as sent replaces any, another message as sent too."""
+    only, and a message as sent replaces any, another message as sent too, unless it is
+    registered late (``lifecycle.registered_late``): then it replaces a rebuilt request only."""
     store = store_factory()
     call_id = f"call-{uuid.uuid4().hex[:12]}"
 
@@ -725,9 +727,14 @@ def test_a_spec_in_force_gives_way_only_to_one_that_says_better_how_to_send_the_
 
     rebuilt, rebuilt_again = {"task": "tools.refund", "args": [1]}, {"task": "tools.refund", "args": [2]}
     sent, sent_again = {"task": "tools.refund", "message": {"body": "a"}}, {"task": "tools.refund", "message": {"body": "b"}}
-    steps = [({}, {}), (rebuilt, rebuilt), (rebuilt_again, rebuilt), ({}, rebuilt), (sent, sent),
-             (rebuilt_again, sent), ({}, sent), (sent_again, sent_again)]
+    late = "late"
+    steps = [({}, {}), (rebuilt, rebuilt), (rebuilt_again, rebuilt), ({}, rebuilt), ((late, sent_again), sent_again),
+             (sent, sent), (rebuilt_again, sent), ({}, sent), (sent_again, sent_again), ((late, sent), sent_again)]
     for registered, in_force in steps:
-        store.register(spec(registered))
+        if isinstance(registered, tuple):
+            registered = registered[1]
+            store.register(registered_late(spec(registered)))
+        else:
+            store.register(spec(registered))
         kept = [r.spec.request for r in store.calls() if r.call_id == call_id]
         assert kept == [in_force], f"after registering {registered}"

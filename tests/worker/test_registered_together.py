@@ -112,6 +112,17 @@ def test_a_call_sent_alone_is_registered_once_the_store_is_back_unless_a_worker_
     assert store.batches[-1] == ["c-1"]  # c-2's spec in force stays the one its worker wrote
 
 
+def test_a_late_registration_never_replaces_a_message_the_call_was_sent_with_since():
+    store = DownFor(1)
+    registering.register(store, CallSpec("c-9", "t", request={"message": {"retries": 0}}))
+    # the store is back and the call is sent anew (a retry, a wait for a slot), registered at once
+    newer = CallSpec("c-9", "t", request={"message": {"retries": 1}})
+    store.register(newer)
+    wait_for(lambda: not registering._retries.waiting, 10, "nothing left to register")
+    assert store.batches[-1] == ["c-9"]  # the late registration was sent, and changed nothing
+    assert {c.call_id: c for c in store.expired(unclaimed_grace_s=-3600)}["c-9"] == newer
+
+
 def test_registering_again_gives_up_when_the_window_ends(caplog, monkeypatch):
     monkeypatch.setattr(registering, "RETRY_FOR_S", 0.5)
     registering.register(DownFor(math.inf), CallSpec("c-3", "t"))
