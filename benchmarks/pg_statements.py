@@ -13,7 +13,8 @@ reset of the statistics, and prints:
   server's execution time (top-level statements and the function bodies they run);
 * the WAL: records, bytes, writes and flushes (``fsync``) per call, and the time the flushes
   took;
-* the server's CPU and transactions per call, and the calls drained per second.
+* the worker's CPU (main process and pool children), the server's CPU and transactions per
+  call, and the calls drained per second.
 
 ``--commit off`` runs the same drain with ``synchronous_commit = off`` set on the server
 (not a setting the store uses or recommends: a commit it acknowledged could be lost in a
@@ -112,12 +113,12 @@ def main(argv: list[str] | None = None) -> int:
                 assert wait_until(lambda: broker.llen(STAGING) == n, 60), "staging list incomplete"
                 con.execute("SELECT pg_stat_statements_reset()")
                 con.execute("SELECT pg_stat_reset_shared('wal')")
-                before, cpu0 = snapshot(con), cpu_seconds(pg.pid() or 0)
+                before, cpu0, wcpu0 = snapshot(con), cpu_seconds(pg.pid() or 0), worker.cpu()
                 broker.rename(STAGING, QUEUE)
                 t0 = time.perf_counter()
                 assert wait_until(lambda: results.dbsize() >= n, 600, 0.005), "drain incomplete"
                 drain_s = time.perf_counter() - t0
-            after, cpu = snapshot(con), cpu_seconds(pg.pid() or 0) - cpu0
+            after, cpu, wcpu = snapshot(con), cpu_seconds(pg.pid() or 0) - cpu0, worker.cpu() - wcpu0
             rows = _query(con, "SELECT toplevel, calls, total_exec_time, mean_exec_time, query"
                                " FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat%'"
                                " ORDER BY total_exec_time DESC")
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     top_total = sum(r[2] for r in rows if r[0])
     figures: dict[str, Any] = {
         "variant": args.variant, "synchronous_commit": args.commit, "calls": n, "per_s": n / drain_s,
-        "fdatasync_ms": fsync_ms, "server_cpu_ms_per_call": cpu / n * 1e3,
+        "fdatasync_ms": fsync_ms, "server_cpu_ms_per_call": cpu / n * 1e3, "worker_cpu_ms_per_call": wcpu / n * 1e3,
         "xacts_per_call": (after["xacts"] - before["xacts"]) / n,
         "wal_per_call": {"records": wal[0] / n, "bytes": wal[1] / n, "writes": wal[2] / n, "flushes": wal[3] / n,
                          "write_ms": wal[4] / n, "flush_ms": wal[5] / n},
@@ -140,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
                         "share": (r[2] / top_total if top_total else 0.0), "query": " ".join(r[4].split())}
                        for r in rows[:args.top]],
     }
-    print(f"{args.variant}, synchronous_commit {args.commit}: {figures['per_s']:.0f} calls/s; server CPU "
-          f"{figures['server_cpu_ms_per_call']:.3f} ms/call; transactions/call {figures['xacts_per_call']:.2f}; "
+    print(f"{args.variant}, synchronous_commit {args.commit}: {figures['per_s']:.0f} calls/s; worker CPU "
+          f"{figures['worker_cpu_ms_per_call']:.3f} ms/call; server CPU {figures['server_cpu_ms_per_call']:.3f} "
+          f"ms/call; transactions/call {figures['xacts_per_call']:.2f}; "
           f"top-level statements' execution {figures['statement_ms_per_call']:.3f} ms/call")
     w = figures["wal_per_call"]
     print(f"WAL per call: {w['records']:.1f} records, {w['bytes']:.0f} bytes, {w['writes']:.2f} writes, "
