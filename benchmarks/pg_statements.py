@@ -12,7 +12,8 @@ reset of the statistics, and prints:
 * per statement: calls per guarded call, mean execution time, and its share of the
   server's execution time (top-level statements and the function bodies they run);
 * the WAL: records, bytes, writes and flushes (``fsync``) per call, and the time the flushes
-  took;
+  took; the updates of ``aaa_calls`` rows per call, and how many were HOT (no index entry
+  written);
 * the worker's CPU (main process and pool children), the server's CPU and transactions per
   call, and the calls drained per second.
 
@@ -72,7 +73,9 @@ def snapshot(con: Any) -> dict[str, Any]:
                       " FROM pg_stat_wal").fetchone()
     xacts = con.execute("SELECT xact_commit + xact_rollback FROM pg_stat_database"
                         " WHERE datname = current_database()").fetchone()[0]
-    return {"wal": [float(v) for v in wal], "xacts": int(xacts)}
+    updates = con.execute("SELECT coalesce(sum(n_tup_upd), 0), coalesce(sum(n_tup_hot_upd), 0)"
+                          " FROM pg_stat_user_tables WHERE relname = 'aaa_calls'").fetchone()
+    return {"wal": [float(v) for v in wal], "xacts": int(xacts), "updates": [int(v) for v in updates]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         "wal_per_call": {"records": wal[0] / n, "bytes": wal[1] / n, "writes": wal[2] / n, "flushes": wal[3] / n,
                          "write_ms": wal[4] / n, "flush_ms": wal[5] / n},
         "statement_ms_per_call": top_total / n,
+        "calls_row_updates_per_call": {"all": (after["updates"][0] - before["updates"][0]) / n,
+                                       "hot": (after["updates"][1] - before["updates"][1]) / n},
         "statements": [{"toplevel": r[0], "per_call": r[1] / n, "mean_ms": r[3],
                         "share": (r[2] / top_total if top_total else 0.0), "query": " ".join(r[4].split())}
                        for r in rows[:args.top]],
@@ -148,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     w = figures["wal_per_call"]
     print(f"WAL per call: {w['records']:.1f} records, {w['bytes']:.0f} bytes, {w['writes']:.2f} writes, "
           f"{w['flushes']:.2f} flushes taking {w['flush_ms']:.3f} ms (writes {w['write_ms']:.3f} ms)")
+    u = figures["calls_row_updates_per_call"]
+    print(f"aaa_calls row updates per call: {u['all']:.2f}, of which HOT (no index entries written) {u['hot']:.2f}")
     print("\nper call | mean ms | share of top-level time | statement (nested: inside a function)")
     for s in figures["statements"]:
         where = "" if s["toplevel"] else "  (nested)"
