@@ -125,11 +125,11 @@ local function merge_fields(fields, json, name, ikey, rank, below, stored_name, 
   return name, ikey
 end
 
--- Store the call's spec unless known, or replace it as merge_fields says. Returns true when
--- the call is new.
-local function ensure_spec(json, name, ikey, rank, below)
+-- Store the call's spec unless known, or replace it as merge_fields says (`now`: the server
+-- clock in ms if the caller read it, else read for a new call). Returns true when the call is new.
+local function ensure_spec(json, name, ikey, rank, below, now)
   local stored, fields = redis.call('HMGET', SPEC, 'name', 'req'), {}
-  merge_fields(fields, json, name, ikey, rank, below, stored[1] or nil, nil, stored[2] or nil, nil)
+  merge_fields(fields, json, name, ikey, rank, below, stored[1] or nil, nil, stored[2] or nil, now)
   if #fields > 0 then
     redis.call('HSET', SPEC, unpack(fields))
   end

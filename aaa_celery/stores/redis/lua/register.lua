@@ -6,9 +6,9 @@
 -- Touches: spec (created, or given the request it lacked); unclaimed for a new call.
 -- Returns 1 for a new call, 0 for a known one.
 
-if not ensure_spec(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]) then
+local now = clock()  -- one reading for both indexes
+if not ensure_spec(ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], now) then
   return 0
 end
-local now = clock()
 redis.call('ZADD', UNCLAIMED, 'NX', now, CALL)
 return 1
