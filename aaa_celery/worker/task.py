@@ -25,6 +25,7 @@ from ..protocol import RUN_HEADER, TENANT_HEADER, WAITS_HEADER, check_call
 from ..stores.base import CallStore
 from . import calls, metrics, publish, registering
 from .codec import result_codec, stored_arguments
+from .conf import setting
 from .control import REPLACED, control_for, raise_for_task
 from .events import TaskEvents
 from .install import attach
@@ -72,8 +73,9 @@ class GuardedTask(GuardOptions, _Task):
         """Send the task as Celery does, then register the call with the message as sent, so
         recovery finds it even if the broker loses it (never for a send that failed).
         ``more``: Celery's further positional parameters (``producer``, ``link``, ...)."""
-        conf = self.app.conf
-        if conf.get("task_always_eager") or not conf.get("aaa_register_on_publish", True) or not self.guard_config.enabled:
+        app = self.app
+        if setting(app, "task_always_eager") or not setting(app, "aaa_register_on_publish", True) \
+                or not self.guard_config.enabled:
             return super().apply_async(args, kwargs, task_id, *more, **options)
         store = writer_store(self.app)  # an older schema is refused before anything is sent (once per process)
         with publish.capture(self.name) as sent:
