@@ -18,8 +18,8 @@ again by the publishing process, in a background thread, for up to :data:`RETRY_
 from the publish (half the store's ``retention_s`` if that is shorter), so a call whose
 message the broker then loses is still recovered. One that a worker has begun meanwhile
 is known to the store and is not written again, and a late registration never replaces a
-message the call was sent with since (``lifecycle.registered_late``). A call still unregistered when the
-window ends, or when the process exits, is logged with its id.
+message the call was sent with since (``lifecycle.registered_late``). A call still
+unregistered when the window ends, or when the process exits, is logged with its id.
 """
 
 from __future__ import annotations
