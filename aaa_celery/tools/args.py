@@ -39,10 +39,10 @@ from .secrets import REDACTED, clear_value
 DEFAULT_POLICY = GuardPolicy()
 
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
-#: The printable ASCII characters that JSON escapes (2 bytes each).
-_ESCAPED = frozenset('"\\')
 #: JSON bytes of the scalars that are not strings or numbers.
 _CONST = {True: 4, False: 5, None: 4}
+#: The containers the walk enters.
+_CONTAINERS = (dict, list, tuple, set, frozenset)
 
 
 def _part(part: Any) -> str:
@@ -84,9 +84,10 @@ def check_limits(name: str, arguments: Any, policy: GuardPolicy = DEFAULT_POLICY
             if "\x00" in value:
                 raise ToolArgsError(f"{name}: {_where(path)}: a string with a NUL character (U+0000), "
                                     "which a store cannot hold (PostgreSQL text and JSON refuse it)")
-            # as sent: kombu's JSON escapes (a NUL is 6 bytes, \u0000; an é is \u00e9)
-            total += size + 2 if value.isascii() and value.isprintable() and not _ESCAPED & set(value) \
-                else len(json.dumps(value))
+            # as sent: kombu's JSON escapes (a NUL is 6 bytes, \u0000; an é is \u00e9); printable
+            # ASCII but for '"' and '\\' is one byte each
+            plain = value.isascii() and value.isprintable() and '"' not in value and "\\" not in value
+            total += size + 2 if plain else len(json.dumps(value))
         elif isinstance(value, bool) or value is None:
             total += _CONST[value]
         elif isinstance(value, int):
@@ -97,7 +98,7 @@ def check_limits(name: str, arguments: Any, policy: GuardPolicy = DEFAULT_POLICY
             if not math.isfinite(value):
                 raise ToolArgsError(f"{name}: {_where(path)}: {value} is not a finite number")
             total += len(repr(value))
-        elif isinstance(value, dict | list | tuple | set | frozenset):
+        elif isinstance(value, _CONTAINERS):
             if depth > max_depth:
                 raise ToolArgsError(f"{name}: {_where(path)}: nested deeper than {max_depth} levels")
             total += 2 + max(0, len(value) - 1)
@@ -105,8 +106,9 @@ def check_limits(name: str, arguments: Any, policy: GuardPolicy = DEFAULT_POLICY
                 for key, item in value.items():
                     if not isinstance(key, str):
                         raise ToolArgsError(f"{name}: {_where(path)}: a key that is not a string")
-                    stack.append((key, (*path, key), depth))
-                    stack.append((item, (*path, key), depth + 1))
+                    at = (*path, key)
+                    stack.append((key, at, depth))
+                    stack.append((item, at, depth + 1))
                     total += 1
             else:
                 stack.extend((item, (*path, i), depth + 1) for i, item in enumerate(value))

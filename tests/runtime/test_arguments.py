@@ -26,6 +26,7 @@ from aaa_celery.llm import FakeLLMClient, LLMHandler, LLMResponse, ToolCall
 from aaa_celery.llm.fake import text
 from aaa_celery.runtime import SyncEngine
 from aaa_celery.tools import GuardPolicy, ToolContext, ToolHandler, ToolRegistry, tool
+from aaa_celery.tools.args import check_limits
 
 
 def deep(depth: int, leaf: Any = 1) -> Any:
@@ -253,6 +254,23 @@ def test_max_args_bytes_counts_the_json_as_it_is_sent():
     assert four.check(args, GuardPolicy(max_args_bytes=sent)).canonical == args
     with pytest.raises(ToolArgsError, match=f"arguments larger than {sent - 1} bytes"):
         four.check(args, GuardPolicy(max_args_bytes=sent - 1))
+
+
+_no_nul = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=30)
+_scalars = st.one_of(_no_nul, st.integers(-(2**63), 2**64 - 1), st.booleans(), st.none(),
+                     st.floats(allow_nan=False, allow_infinity=False))
+
+
+@given(st.dictionaries(_no_nul, st.one_of(_scalars, st.lists(_scalars, max_size=4),
+                                          st.dictionaries(_no_nul, _scalars, max_size=3)), max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_check_limits_counts_exactly_the_compact_json_kombu_sends(arguments):
+    """``max_args_bytes`` is the size of the JSON as sent, to the byte: what ``check_limits``
+    counts without encoding is ``json.dumps``'s length, for every scalar and container."""
+    sent = len(json.dumps(arguments, separators=(",", ":")))
+    check_limits("t", arguments, GuardPolicy(max_args_bytes=sent))
+    with pytest.raises(ToolArgsError, match=f"arguments larger than {sent - 1} bytes"):
+        check_limits("t", arguments, GuardPolicy(max_args_bytes=sent - 1))
 
 
 @pytest.mark.postgres
