@@ -288,6 +288,9 @@ class ToolHandler:
                 continue
             attrs = {
                 "name": task_name(t.name),
+                # a plain class attribute, as Celery's @app.task gives its task classes:
+                # Task.app is a class property, resolved anew on every read
+                "app": app,
                 "tool": t,
                 "audit_name": t.name,
                 "guard": self.config_for(t),
