@@ -30,6 +30,7 @@ figure for this disk is printed first.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -63,10 +64,6 @@ def fsync_latency_ms() -> float | None:
     return None
 
 
-def _query(con: Any, sql: str) -> list[Any]:
-    return list(con.execute(sql).fetchall())
-
-
 def snapshot(con: Any) -> dict[str, Any]:
     con.execute("SELECT pg_stat_force_next_flush()")
     wal = con.execute("SELECT wal_records, wal_bytes, wal_write, wal_sync, wal_write_time, wal_sync_time"
@@ -87,8 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--out", default="", help="also write the figures as JSON (benchmarks/results/...)")
     args = ap.parse_args(argv)
-    import os
-
     import psycopg
     import redis
 
@@ -122,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
                 assert wait_until(lambda: results.dbsize() >= n, 600, 0.005), "drain incomplete"
                 drain_s = time.perf_counter() - t0
             after, cpu, wcpu = snapshot(con), cpu_seconds(pg.pid() or 0) - cpu0, worker.cpu() - wcpu0
-            rows = _query(con, "SELECT toplevel, calls, total_exec_time, mean_exec_time, query"
+            rows = con.execute("SELECT toplevel, calls, total_exec_time, mean_exec_time, query"
                                " FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat%'"
-                               " ORDER BY total_exec_time DESC")
+                               " ORDER BY total_exec_time DESC").fetchall()
             con.close()
         finally:
             if worker is not None:

@@ -41,6 +41,7 @@ log = logging.getLogger("aaa_celery.worker")
 
 _local = threading.local()
 
+
 def _by_store(pairs: Iterable[tuple[CallStore, CallSpec]]) -> list[tuple[CallStore, list[CallSpec]]]:
     """The calls grouped by the store they go to, in the order first seen."""
     groups: dict[int, tuple[CallStore, list[CallSpec]]] = {}

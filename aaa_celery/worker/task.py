@@ -77,7 +77,7 @@ class GuardedTask(GuardOptions, _Task):
         if setting(app, "task_always_eager") or not setting(app, "aaa_register_on_publish", True) \
                 or not self.guard_config.enabled:
             return super().apply_async(args, kwargs, task_id, *more, **options)
-        store = writer_store(self.app)  # an older schema is refused before anything is sent (once per process)
+        store = writer_store(app)  # an older schema is refused before anything is sent (once per process)
         with publish.capture(self.name) as sent:
             result = super().apply_async(args, kwargs, task_id, *more, **options)
         if sent.get("message") is not None:

@@ -727,14 +727,10 @@ def test_a_spec_in_force_gives_way_only_to_one_that_says_better_how_to_send_the_
 
     rebuilt, rebuilt_again = {"task": "tools.refund", "args": [1]}, {"task": "tools.refund", "args": [2]}
     sent, sent_again = {"task": "tools.refund", "message": {"body": "a"}}, {"task": "tools.refund", "message": {"body": "b"}}
-    late = "late"
-    steps = [({}, {}), (rebuilt, rebuilt), (rebuilt_again, rebuilt), ({}, rebuilt), ((late, sent_again), sent_again),
-             (sent, sent), (rebuilt_again, sent), ({}, sent), (sent_again, sent_again), ((late, sent), sent_again)]
+    steps = [(spec({}), {}), (spec(rebuilt), rebuilt), (spec(rebuilt_again), rebuilt), (spec({}), rebuilt),
+             (registered_late(spec(sent_again)), sent_again), (spec(sent), sent), (spec(rebuilt_again), sent),
+             (spec({}), sent), (spec(sent_again), sent_again), (registered_late(spec(sent)), sent_again)]
     for registered, in_force in steps:
-        if isinstance(registered, tuple):
-            registered = registered[1]
-            store.register(registered_late(spec(registered)))
-        else:
-            store.register(spec(registered))
+        store.register(registered)
         kept = [r.spec.request for r in store.calls() if r.call_id == call_id]
         assert kept == [in_force], f"after registering {registered}"
