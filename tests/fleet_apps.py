@@ -3,7 +3,9 @@ Redis client per worker process."""
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -12,6 +14,11 @@ from celery import Celery
 
 if TYPE_CHECKING:
     from aaa_celery.testing import Fleet
+
+# Each process of a fleet app (a worker, its pool children) writes every thread's stack to its
+# stderr (the worker's log) on SIGUSR2: what a test shows when a call it waits for never starts
+# (tests/runtime/fleet.py, fleet_logs).
+faulthandler.register(signal.SIGUSR2, all_threads=True)
 
 #: JSON only, one message prefetched, results kept 10 minutes.
 FLEET_CONF: dict[str, Any] = {

@@ -45,7 +45,7 @@ from aaa_celery.protocol import mint_call_id  # noqa: E402
 from aaa_celery.worker.stores import app_store  # noqa: E402
 
 from ..runtime.conftest import kill_9_when  # noqa: E402
-from ..runtime.fleet import Worker  # noqa: E402
+from ..runtime.fleet import Worker, fleet_logs  # noqa: E402
 from . import pydantic_ai_app as pa  # noqa: E402
 
 pytestmark = [pytest.mark.redis, pytest.mark.fleet]
@@ -62,7 +62,7 @@ class Fleet:
         return pa.read_ledger(self.redis, tool, **fields)
 
     def logs(self) -> str:
-        return "\n".join(f"===== {w.name} =====\n{w.log[-4000:]}" for w in self.workers)
+        return fleet_logs(self.workers)
 
     def starts(self, call_id: str) -> list[int]:
         """The attempts the store records of a call (its ``aaa.tool.started`` events)."""

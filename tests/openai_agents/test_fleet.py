@@ -24,7 +24,7 @@ from aaa_celery.protocol import parse_call_id  # noqa: E402
 
 from ..llm.stub_server import StubModelServer  # noqa: E402
 from ..runtime.conftest import kill_9_when  # noqa: E402
-from ..runtime.fleet import ROOT, Worker  # noqa: E402
+from ..runtime.fleet import ROOT, Worker, fleet_logs  # noqa: E402
 from . import agents_app as aa  # noqa: E402
 from .agent import Script, drive, guarded, plain  # noqa: E402
 
@@ -46,7 +46,7 @@ class Fleet:
         return [e.attempt for e in self.guard.store.events(call_id) if e.type == "aaa.tool.started"]
 
     def logs(self) -> str:
-        return "\n".join(f"===== {w.name} =====\n{w.log[-4000:]}" for w in self.workers)
+        return fleet_logs(self.workers)
 
 
 @pytest.fixture(scope="module")

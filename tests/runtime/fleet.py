@@ -16,6 +16,34 @@ from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The signal on which a fleet app's processes write their threads' stacks (tests/fleet_apps.py).
+STACKS_SIGNAL = signal.SIGUSR2
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (its ``SigCgt`` mask), so sending
+    it does not kill the process."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def fleet_logs(workers: Sequence[Worker], tail: int = 4000) -> str:
+    """The end of each worker's log, for a failing test's message; first each process of the
+    worker that catches :data:`STACKS_SIGNAL` (a fleet app's) writes its threads' stacks there."""
+    sent = False
+    for w in workers:
+        for pid in [w.proc.pid, *w.children()]:
+            if w.proc.poll() is None and catches(pid, STACKS_SIGNAL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, STACKS_SIGNAL)
+                    sent = True
+                    time.sleep(0.3)  # one process at a time: their stacks do not interleave in the log
+    if sent:
+        tail *= 4
+    return "\n".join(f"===== {w.name} =====\n{w.log[-tail:]}" for w in workers)
 
 
 class Worker:

@@ -24,7 +24,7 @@ from aaa_celery.worker.stores import app_store
 
 from . import fleet_engine_app as fa
 from .conftest import until
-from .fleet import Worker
+from .fleet import Worker, fleet_logs
 
 pytestmark = [pytest.mark.redis, pytest.mark.fleet]
 
@@ -40,7 +40,7 @@ class Fleet:
         return fa.read_ledger(self.redis, tool_name, event)
 
     def logs(self) -> str:
-        return "\n".join(f"===== {w.name} =====\n{w.log[-5000:]}" for w in self.workers)
+        return fleet_logs(self.workers, 5000)
 
 
 @pytest.fixture(scope="module")

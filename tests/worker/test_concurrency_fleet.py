@@ -126,9 +126,12 @@ def test_a_holder_frozen_past_its_ttl_loses_its_slot_and_is_fenced_when_thawed(s
     shop = uuid.uuid4().int % 10**6
     first = [f.client.tasks["fleet.limited_wait"].delay(shop, seconds) for seconds in (20, 3)]
     starts = [wait_for(lambda h=h: f.ledger.entries(h.id, "start"), 30, "a holder's start")[0] for h in first]
-    later = [f.client.tasks["fleet.limited_wait"].delay(shop, 0.5) for _ in range(2)]
     frozen_call, frozen_start = first[0], starts[0]
     with freeze(f.worker_of(frozen_start["pid"])):
+        # sent once the holder's worker is frozen: a worker about to freeze could take both (a
+        # waiting call's message, sent back with a countdown, waits in the worker that receives
+        # it), while a frozen one takes at most one, with the BRPOP it was frozen in
+        later = [f.client.tasks["fleet.limited_wait"].delay(shop, 0.5) for _ in range(2)]
         # the slot moves on: a later call runs while the holder is frozen past its TTL
         wait_for(lambda: any(f.ledger.entries(c.id, "after") for c in later), TTL * 3 + 15,
                  "a later call to run while the holder is frozen")
