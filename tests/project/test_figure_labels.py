@@ -56,3 +56,28 @@ def test_each_diary_entry_is_headed_by_its_day_and_commit() -> None:
     assert headings, "benchmarks/RESULTS.md has no entries"
     undated = [h for h in headings if not DATED_HEADING.match(h)]
     assert not undated, "entries without their day and commit first:\n" + "\n".join(undated)
+
+
+#: A measured figure in prose: a time or a rate ("562 s", "0.7–1.8 ms", "1,027 calls/s").
+MEASURED = re.compile(r"\d[\d,.]*\s*(?:ms|µs|s|calls/s)\b")
+DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+
+
+def unlabelled_paragraphs(text: str, section: str) -> list[str]:
+    """The paragraphs of ``section`` (a ``## `` heading's text) that give a measured figure
+    without a date and a commit; a table is labelled by the paragraph before it."""
+    body = text.split(f"\n## {section}", 1)[1].split("\n## ", 1)[0]
+    body = re.sub(r"```.*?```", "", body, flags=re.DOTALL)
+    found = []
+    for paragraph in re.split(r"\n\s*\n", body):
+        if paragraph.lstrip().startswith(("|", "<!--")):
+            continue
+        if MEASURED.search(paragraph) and not (DATE.search(paragraph) and COMMIT.search(paragraph)):
+            found.append(" ".join(paragraph.split())[:200])
+    return found
+
+
+def test_the_readmes_measured_figures_carry_a_date_and_a_commit() -> None:
+    found = unlabelled_paragraphs((ROOT / "README.md").read_text(), "Measured: the guard beside plain Celery")
+    assert not found, "give these figures the date and the commit of their run:\n" + "\n".join(found)
