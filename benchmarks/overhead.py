@@ -31,8 +31,12 @@ server's scripts only, and its CPU is the whole server's (broker, backend and st
 autocommitted statement is one) instead of Redis commands, and its CPU is that of the
 server's processes.
 
-Each run ends with one table of the added cost per call, per store and pool: the worker's
-added CPU, the store server's added CPU, and the store round trips (worker + publish).
+Each run ends with one table of the added cost per call, per store and pool: the ratios to
+plain end to end (a round's publish and drain one after the other: its N calls from the first
+publish to the last result, the producer's ``register`` included), of the drain alone and of
+the publish alone; the worker's added CPU, the store server's added CPU, and the store round
+trips (worker + publish). ``--pooled`` pools saved runs: the median over them of each run's
+median ratios.
 
     python benchmarks/overhead.py                    # Redis (both topologies) then PostgreSQL: 5000 calls, 3 rounds, both pools
     python benchmarks/overhead.py --quick            # < 60 s smoke run, both stores and pools
@@ -43,6 +47,7 @@ added CPU, the store server's added CPU, and the store round trips (worker + pub
     python benchmarks/overhead.py --stores redis,redis-shared   # both Redis topologies
     python benchmarks/overhead.py --store postgresql --results postgresql   # Celery's results in the store's database
     python benchmarks/overhead.py --store postgresql --results django-db    # django-celery-results there
+    python benchmarks/overhead.py --pooled benchmarks/results/overhead_ab*_03c27cd_run*_*.json
 """
 
 from __future__ import annotations
@@ -197,6 +202,7 @@ def one_round(app: Any, worker: Worker, variant: str, n: int, tag: str, broker: 
         "per_s": n / drain_s,
         "drain_s": drain_s,
         "publish_per_s": n / publish_s,
+        "end_to_end_per_s": n / (publish_s + drain_s),
         "worker_cpu_ms_per_call": cpu / n * 1e3,
         "store_server_cpu_ms_per_call": store_cpu / n * 1e3,
         "store_cmds_per_call_drain": round_trips(store_drain, shared) / n,
@@ -248,6 +254,24 @@ def run_pool(pool: str, args: argparse.Namespace, env: dict[str, str], logdir: P
         return rows
 
 
+def end_to_end_s(row: dict[str, Any]) -> float:
+    """A round's publish and drain, one after the other: the seconds its N calls took from the
+    first publish to the last result (from ``per_s``, ``drain_s`` and ``publish_per_s``, which
+    every row has, so older JSON gives it too)."""
+    return row["per_s"] * row["drain_s"] / row["publish_per_s"] + row["drain_s"]
+
+
+def ratios(rows: list[dict[str, Any]], plain: dict[int, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per round, this variant ÷ plain's round: end to end (publish then drain), drain and
+    publish; each as its spread over the rounds."""
+    paired = [(r, plain[r["round"]]) for r in rows if r["round"] in plain]
+    return {
+        "end_to_end": spread([end_to_end_s(p) / end_to_end_s(r) for r, p in paired]),
+        "drain": spread([r["per_s"] / p["per_s"] for r, p in paired]),
+        "publish": spread([r["publish_per_s"] / p["publish_per_s"] for r, p in paired]),
+    }
+
+
 def summarize(rows: list[dict[str, Any]], pools: list[str], variants: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for pool in pools:
@@ -267,8 +291,10 @@ def summarize(rows: list[dict[str, Any]], pools: list[str], variants: list[str])
                 "store_commands_last_round": rs[-1]["store_drain"],
             }
             if v != "plain" and plain:
-                ratios = [r["per_s"] / plain[r["round"]]["per_s"] for r in rs if r["round"] in plain]
-                s[v]["ratio_to_plain"] = spread(ratios)
+                paired = ratios(rs, plain)
+                s[v]["ratio_to_plain"] = paired["drain"]
+                s[v]["end_to_end_ratio_to_plain"] = paired["end_to_end"]
+                s[v]["publish_ratio_to_plain"] = paired["publish"]
                 s[v]["added_cpu_ms_per_call"] = (s[v]["worker_cpu_ms_per_call"]
                                                  - s["plain"]["worker_cpu_ms_per_call"])
         out[pool] = s
@@ -303,9 +329,9 @@ def added_cost(store: str, summary: dict[str, Any]) -> list[list[Any]]:
         for v, x in s.items():
             if v == "plain" or plain is None:
                 continue
-            ratio = x.get("ratio_to_plain") or {"median": float("nan"), "min": float("nan"), "max": float("nan")}
             rows.append([
-                store, pool, v, f"{ratio['median']:.2f} ({ratio['min']:.2f}–{ratio['max']:.2f})",
+                store, pool, v, _spread_text(x.get("end_to_end_ratio_to_plain")),
+                _spread_text(x.get("ratio_to_plain")), _spread_text(x.get("publish_ratio_to_plain")),
                 x["worker_cpu_ms_per_call"] - plain["worker_cpu_ms_per_call"],
                 x["store_server_cpu_ms_per_call"] - plain["store_server_cpu_ms_per_call"],
                 x["store_cmds_per_call_drain"], x["store_cmds_per_call_publish"],
@@ -314,9 +340,42 @@ def added_cost(store: str, summary: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
+def _spread_text(ratio: dict[str, float] | None) -> str:
+    if not ratio:
+        return "–"
+    return f"{ratio['median']:.2f} ({ratio['min']:.2f}–{ratio['max']:.2f})"
+
+
+def pooled(paths: list[str]) -> str:
+    """The runs of ``paths`` (the JSON of one store each, ``overhead_..._<store>.json``) pooled:
+    per store, pool and variant, the median over the runs of each run's median ratio to plain,
+    end to end, drain and publish, with the runs' min–max."""
+    import json
+
+    by: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for path in paths:
+        found = re.search(r"_(redis-shared|redis|postgresql)\.json$", path)
+        if found is None:
+            raise SystemExit(f"--pooled: {path} is not one store's JSON (overhead_..._<store>.json)")
+        rows = json.loads(Path(path).read_text())["rows"]
+        for pool in sorted({r["pool"] for r in rows}):
+            plain = {r["round"]: r for r in rows if r["pool"] == pool and r["variant"] == "plain"}
+            for v in sorted({r["variant"] for r in rows} - {"plain"}):
+                mine = [r for r in rows if r["pool"] == pool and r["variant"] == v]
+                by.setdefault((found.group(1), pool, v), []).append(ratios(mine, plain))
+    out = []
+    for (store, pool, v), runs in sorted(by.items()):
+        cells = [spread([run[k]["median"] for run in runs]) for k in ("end_to_end", "drain", "publish")]
+        out.append([store, pool, v, len(runs), *(_spread_text(c) for c in cells)])
+    return table(["store", "pool", "variant", "runs", "end to end ÷ plain, median of runs (min–max)",
+                  "drain ÷ plain", "publish ÷ plain"], out,
+                 "Pooled runs: each run's median ratio per round, then the median over runs")
+
+
 def cost_table(rows: list[list[Any]], body_ms: float) -> str:
     body = f"a {body_ms:g} ms sleeping body" if body_ms else "a trivial body"
-    return table(["store", "pool", "variant", "÷ plain median (min–max)", "added worker CPU ms / call",
+    return table(["store", "pool", "variant", "end to end ÷ plain, median (min–max)", "drain ÷ plain",
+                  "publish ÷ plain", "added worker CPU ms / call",
                   "added store server CPU ms / call", "store round trips / call: worker",
                   "… at publish", "… total"], rows,
                  f"Added cost per call, {body} (round trips: Redis scripts and commands; "
@@ -402,7 +461,13 @@ def main(argv: list[str] | None = None) -> int:
                          "each write of a call waits until that many replicas have it (default 0)")
     ap.add_argument("--seed", type=int, default=None,
                     help="the rounds' variant order (default: a fresh one, printed and kept in the JSON)")
+    ap.add_argument("--pooled", nargs="+", metavar="JSON",
+                    help="run nothing: pool saved runs (one store's JSON each, overhead_..._<store>.json) and "
+                         "print the median over them of each run's ratios to plain, end to end, drain and publish")
     args = ap.parse_args(argv)
+    if args.pooled:
+        print(pooled(args.pooled))
+        return 0
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(2**31)
         print(f"seed {args.seed} (--seed {args.seed} repeats this order)", flush=True)
