@@ -202,7 +202,6 @@ def one_round(app: Any, worker: Worker, variant: str, n: int, tag: str, broker: 
         "per_s": n / drain_s,
         "drain_s": drain_s,
         "publish_per_s": n / publish_s,
-        "end_to_end_per_s": n / (publish_s + drain_s),
         "worker_cpu_ms_per_call": cpu / n * 1e3,
         "store_server_cpu_ms_per_call": store_cpu / n * 1e3,
         "store_cmds_per_call_drain": round_trips(store_drain, shared) / n,
@@ -358,14 +357,16 @@ def pooled(paths: list[str]) -> str:
         if found is None:
             raise SystemExit(f"--pooled: {path} is not one store's JSON (overhead_..._<store>.json)")
         rows = json.loads(Path(path).read_text())["rows"]
-        for pool in sorted({r["pool"] for r in rows}):
-            plain = {r["round"]: r for r in rows if r["pool"] == pool and r["variant"] == "plain"}
-            for v in sorted({r["variant"] for r in rows} - {"plain"}):
-                mine = [r for r in rows if r["pool"] == pool and r["variant"] == v]
-                by.setdefault((found.group(1), pool, v), []).append(ratios(mine, plain))
+        variants = sorted({r["variant"] for r in rows}, key=lambda v: v != "plain")  # plain first, as summarize needs
+        summary = summarize(rows, sorted({r["pool"] for r in rows}), variants)
+        for pool, s in summary.items():
+            for v, x in s.items():
+                if v != "plain":
+                    by.setdefault((found.group(1), pool, v), []).append(x)
     out = []
     for (store, pool, v), runs in sorted(by.items()):
-        cells = [spread([run[k]["median"] for run in runs]) for k in ("end_to_end", "drain", "publish")]
+        cells = [spread([run[k]["median"] for run in runs])
+                 for k in ("end_to_end_ratio_to_plain", "ratio_to_plain", "publish_ratio_to_plain")]
         out.append([store, pool, v, len(runs), *(_spread_text(c) for c in cells)])
     return table(["store", "pool", "variant", "runs", "end to end ÷ plain, median of runs (min–max)",
                   "drain ÷ plain", "publish ÷ plain"], out,
