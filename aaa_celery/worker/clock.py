@@ -37,10 +37,18 @@ def clock_offset(store: Clock, local: Callable[[], float] = time.time) -> tuple[
     return server - (sent_wall + trip / 2), trip
 
 
+def _leases_s(tasks: Iterable[Any]) -> list[float]:
+    return [t.guard_config.lease_ttl_s for t in tasks if getattr(t, "guard_config", None) is not None]
+
+
 def shortest_lease_s(tasks: Iterable[Any]) -> float:
     """The shortest ``lease_ttl_s`` of these guarded tasks (the default's when none)."""
-    leases = [t.guard_config.lease_ttl_s for t in tasks if getattr(t, "guard_config", None) is not None]
-    return min(leases, default=GuardConfig().lease_ttl_s)
+    return min(_leases_s(tasks), default=GuardConfig().lease_ttl_s)
+
+
+def longest_lease_s(tasks: Iterable[Any]) -> float:
+    """The longest ``lease_ttl_s`` of these guarded tasks (the default's when none)."""
+    return max(_leases_s(tasks), default=GuardConfig().lease_ttl_s)
 
 
 def skew_limit_s(tasks: Iterable[Any]) -> float:
@@ -48,7 +56,8 @@ def skew_limit_s(tasks: Iterable[Any]) -> float:
     return min(SKEW_REPORT_S, SKEW_LEASE_FRACTION * shortest_lease_s(tasks))
 
 
-def _guarded(app: Any) -> list[Any]:
+def guarded_tasks(app: Any) -> list[Any]:
+    """The app's tasks with the guard on."""
     return [t for t in app.tasks.values() if getattr(getattr(t, "guard_config", None), "enabled", False)]
 
 
@@ -56,7 +65,7 @@ def worker_clock(app: Any, store: Clock) -> dict[str, float]:
     """This worker's clock against the store's: ``offset_s`` (store minus worker), ``trip_s``
     (the read's round trip) and ``limit_s`` (the offset from which it is reported)."""
     offset, trip = clock_offset(store)
-    return {"offset_s": round(offset, 3), "trip_s": round(trip, 3), "limit_s": skew_limit_s(_guarded(app))}
+    return {"offset_s": round(offset, 3), "trip_s": round(trip, 3), "limit_s": skew_limit_s(guarded_tasks(app))}
 
 
 def report_worker_clock(app: Any, store: Clock, name: str) -> dict[str, float]:

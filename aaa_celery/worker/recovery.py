@@ -7,7 +7,12 @@ so a sweep in every worker republishes, under the same task id, the calls that
 need it, and only those:
 
 * A call whose lease **lapsed** without a result (its holder died): republished at
-  once, unless a copy of its message already waits in a queue.
+  once, unless a copy of its message already waits in a queue. After the sweep could not
+  reach the store, lapsed leases are left alone for the longest ``lease_ttl_s`` of the
+  app's guarded tasks from its first sweep that reaches it again: a holder that was cut off
+  too records why it gave up (``store_unreachable``) before a republished attempt is
+  refused, so the refusal names the store, not a lost worker, whichever worker reaches the
+  store first.
 * A call **registered but never claimed**: over the Redis broker the sweep looks for
   its message (:mod:`.broker`). One still queued is left alone (a healthy backlog costs
   nothing); one the broker has nowhere, at two looks ``aaa_lost_check_s`` apart once the
@@ -43,11 +48,12 @@ from typing import Any
 
 from celery import Celery
 
-from ..errors import ConfigError, StoreError
+from ..errors import ConfigError, StoreError, StoreUnavailable
 from ..lifecycle import STARTED, CallSpec, Outcome
 from ..stores.base import RecoveryStore
 from .broker import ABSENT, QUEUED, TAKEN, RedisBrokerProbe
 from .calls import aaa_headers, with_message
+from .clock import guarded_tasks, longest_lease_s
 from .codec import CODEC
 from .publish import as_sent, expires_at, not_before, republish
 from .setting_names import spelled
@@ -160,12 +166,24 @@ class Recovery:
         self._adopted: dict[str, None] = {}
         #: How many calls this sweeper ended as abandoned (for tests and operators).
         self.abandoned = 0
+        self._store_lost = False
+        #: monotonic time before which lapsed leases are left to their holders (after an outage)
+        self._lapsed_held_until = -math.inf
+
+    def store_lost(self) -> None:
+        """The store could not be reached: once it answers, lapsed leases wait one lease."""
+        self._store_lost = True
 
     def sweep(self) -> list[str]:
         """One sweep; returns the ids of the calls it republished or ended."""
         s, probe = self.settings, self.probe
         lapsed = self.store.expired(unclaimed_grace_s=_NEVER)
         lapsed_ids = {c.call_id for c in lapsed}
+        if self._store_lost:  # it answers again
+            self._store_lost = False
+            self._lapsed_held_until = time.monotonic() + longest_lease_s(guarded_tasks(self.app))
+        if time.monotonic() < self._lapsed_held_until:
+            lapsed = []
         # Never-claimed calls: over a Redis broker, looked for every lost_check_s from
         # lost_after_s on; over other brokers, every sweep from the grace on.
         look = probe is not None and time.monotonic() - self._looked >= s.lost_check_s
@@ -334,6 +352,8 @@ class Sweeper:
             return sent
         except StoreError as e:
             log.warning("aaa recovery sweep skipped: %s", e)
+            if isinstance(e, StoreUnavailable) and self._recovery is not None:
+                self._recovery.store_lost()
         except Exception:  # noqa: BLE001 - a sweep must never end the sweeper
             log.exception("aaa recovery sweep failed")
             self._close()
