@@ -425,14 +425,7 @@ class Store(GuardStore, RecoveryStore, OperatorStore, RunStore, Budgets):
     clock and its connections. Each interface has its own conformance suite in
     ``tests/stores`` (``tests/stores/test_interfaces.py`` names them)."""
 
-    @abc.abstractmethod
-    def now(self) -> float:
-        """The store's clock, in seconds."""
-
     def abandon(self, call: CallSpec, outcome: Outcome) -> bool:
-        """Record ``outcome`` (a failure) as the result of a call that recovery gives up on:
-        :meth:`record` as ``abandon`` (only if the call is known, has no result and no live
-        lease, and has exactly ``outcome.attempt`` attempts); True if recorded."""
         return self.record(call, outcome, "abandon")
 
     def close(self) -> None:  # noqa: B027 - optional hook

@@ -87,7 +87,7 @@ class RunRecord:
         """The stored part (without ``events`` and ``holder``, which reads fill in)."""
         data = asdict(self)
         data.pop("events"), data.pop("holder")
-        return json.dumps(data, separators=(",", ":"), default=str)
+        return dumps(data)
 
     @classmethod
     def from_json(cls, raw: str | bytes | dict[str, Any], *, events: int = 0, holder: str | None = None) -> RunRecord:
