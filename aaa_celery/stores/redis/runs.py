@@ -1,19 +1,17 @@
 """Run records in the Redis store (see :mod:`..runs`), Redis Cluster safe.
 
-A run's keys and its shard's indexes carry one hash tag: the run's shard is
-``crc32(key) % shards`` and its tag ``{<prefix>:r<shard>}``, so each script
-touches one hash slot. Keys, with ``<t>`` the shard's ``<prefix>:{<prefix>:r<shard>}``:
+A run's key is ``<tenant>:<run id>`` (:func:`~aaa_celery.stores.runs.run_key`). Its keys
+and its shard's indexes carry one hash tag: the run's shard is ``crc32(key) % shards`` and
+its tag ``{<prefix>:r<shard>}``, so each script touches one hash slot. Keys, with ``<t>``
+the shard's ``<prefix>:{<prefix>:r<shard>}``:
 
-- ``<t>:run:<run_id>``: the record (JSON); ``...:events`` (a list, event ``seq`` n at
+- ``<t>:run:<key>``: the record (JSON); ``...:events`` (a list, event ``seq`` n at
   index n-1), ``...:turns`` (a hash, turn -> answer), ``...:decisions`` (a hash,
   ``<call_id> <digest>`` -> decision), ``...:lease`` (the holder, with a TTL);
 - ``<t>:runs`` and ``<t>:runs:<tenant as JSON>``: the shard's runs by start time
   (sorted sets), ``<t>:active``: the shard's runs still going (a set);
 - ``<t'>:named:<run_id>``: the keys of every tenant's run with that run id (in the
   shard of the run id, so written apart from the run's own keys).
-
-A run's key is ``<tenant>:<run id>`` (:func:`~aaa_celery.stores.runs.run_key`); its
-shard is ``crc32(key) % shards``.
 
 A finished run's keys expire after the store's ``retention_s``; index entries of
 expired runs are dropped when a read or ``purge_runs`` meets them. Listing merges
@@ -23,6 +21,7 @@ the shards' indexes, newest first, a page at a time.
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import zlib
 from collections.abc import Iterator, Sequence
@@ -33,18 +32,6 @@ from ..runs import FINISHED, RunJournal, RunRecord, RunRecords, dumps, tenant_ke
 from .client import ERRORS
 
 _PAGE = 200
-
-
-class _Newest:
-    """A sort key that puts the newest ``(started_at, key)`` first."""
-
-    __slots__ = ("entry",)
-
-    def __init__(self, entry: tuple[float, str]) -> None:
-        self.entry = entry
-
-    def __lt__(self, other: _Newest) -> bool:
-        return self.entry > other.entry
 
 
 class RedisRuns(RunRecords, RunJournal):
@@ -143,16 +130,12 @@ class RedisRuns(RunRecords, RunJournal):
             records.sort(key=lambda r: r.cursor, reverse=True)
             return records[:limit]
         index = "runs" if all_tenants else f"runs:{tenant_key(tenant)}"
+        # each shard's page is newest (highest (started_at, key)) first
         merged = heapq.merge(*(self._shard_page(f"{self._run_tag(n)}:{index}", before) for n in range(self.shards)),
-                             key=_Newest)
+                             reverse=True)
         out: list[RunRecord] = []
-        while len(out) < limit:
-            batch = [entry for _, entry in zip(range(limit - len(out)), merged, strict=False)]
-            if not batch:
-                break
-            for _, record in zip(batch, self._read_runs([i for _, i in batch]), strict=True):
-                if record is not None:
-                    out.append(record)
+        while len(out) < limit and (batch := list(itertools.islice(merged, limit - len(out)))):
+            out += [record for record in self._read_runs([i for _, i in batch]) if record is not None]
         return out
 
     def append_run_events(self, key: str, events: Sequence[dict[str, Any]]) -> None:
