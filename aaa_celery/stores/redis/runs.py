@@ -49,16 +49,17 @@ class RedisRuns(RunRecords, RunJournal):
     def _run_tag(self, shard: int) -> str:
         return f"{self.key_prefix}:{{{self.key_prefix}:r{shard}}}"
 
-    def _run_shard(self, key: str) -> int:
+    def shard(self, key: str) -> int:
+        """The shard of a call (by its id) or of a run (by its key): a hash that every worker computes alike."""
         return zlib.crc32(key.encode("utf-8")) % self.shards
 
     def _run_key(self, key: str, part: str = "") -> str:
-        base = f"{self._run_tag(self._run_shard(key))}:run:{key}"
+        base = f"{self._run_tag(self.shard(key))}:run:{key}"
         return f"{base}:{part}" if part else base
 
     def _named(self, run_id: str) -> str:
         """The set of the keys of every tenant's run with this run id (in the shard of the run id)."""
-        return f"{self._run_tag(self._run_shard(run_id))}:named:{run_id}"
+        return f"{self._run_tag(self.shard(run_id))}:named:{run_id}"
 
     def _run_script(self, name: str, keys: list[str], args: list[Any]) -> Any:
         with wrap_errors(self.kind, *ERRORS):
@@ -86,7 +87,7 @@ class RedisRuns(RunRecords, RunJournal):
 
     def put_run(self, record: RunRecord) -> None:
         key = record.key
-        tag = self._run_tag(self._run_shard(key))
+        tag = self._run_tag(self.shard(key))
         keys = [self._run_key(key), f"{tag}:runs:{tenant_key(record.tenant)}", f"{tag}:runs",
                 f"{tag}:active", *(self._run_key(key, p) for p in ("events", "turns", "decisions"))]
         self._run_script("run_put", keys, [key, record.to_json(), repr(record.started_at),
@@ -175,7 +176,7 @@ class RedisRuns(RunRecords, RunJournal):
         self._run_script("run_release", [self._run_key(key, "lease")], [holder])
 
     def _drop(self, key: str, record: RunRecord | None) -> None:
-        tag = self._run_tag(self._run_shard(key))
+        tag = self._run_tag(self.shard(key))
 
         def fill(pipe: Any) -> None:
             for part in ("", "events", "turns", "decisions", "lease"):

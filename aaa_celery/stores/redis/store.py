@@ -26,7 +26,6 @@ import json
 import math
 import threading
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, cast
@@ -230,10 +229,6 @@ class RedisStore(RedisRuns, Store):
         client = self._redis
         with wrap_errors(self.kind, *ERRORS):
             return format_version.upgrade(client, self.key_prefix, self._format_indexes())
-
-    def shard(self, call_id: str) -> int:
-        """The shard of a call: a hash of its id that every worker computes alike."""
-        return zlib.crc32(call_id.encode("utf-8")) % self.shards
 
     def key(self, call_id: str, name: str) -> str:
         """The key ``name`` (``lease``, ``result``, ...) of a call."""
