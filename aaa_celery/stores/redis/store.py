@@ -487,11 +487,9 @@ class RedisStore(RedisRuns, Store):
         return Checkpoint.from_json(raw) if raw else None
 
     def events(self, call_id: str) -> list[Event]:
-        with wrap_errors(self.kind, *ERRORS):
-            pipe = self._redis.pipeline(transaction=False)  # one round trip: both keys share a slot
-            pipe.lrange(self.key(call_id, "events"), 0, -1)
-            pipe.get(self.key(call_id, "result"))
-            raw, result = pipe.execute()
+        # one round trip: both keys share a slot
+        raw, result = self._pipe(lambda pipe: (pipe.lrange(self.key(call_id, "events"), 0, -1),
+                                               pipe.get(self.key(call_id, "result"))))
         return joined([_event(e) for e in raw], Outcome.from_json(result) if result else None)
 
     def result(self, call_id: str) -> Outcome | None:
@@ -501,18 +499,14 @@ class RedisStore(RedisRuns, Store):
 
     def expired(self, now: float | None = None, unclaimed_grace_s: float = 60.0) -> list[CallSpec]:
         now = self.now() if now is None else now
-        with wrap_errors(self.kind, *ERRORS):
-            # Non-transactional pipelines: one round trip on a server, one per node on a
-            # cluster (each shard's indexes sit on the node that owns its slot).
-            pipe = self._redis.pipeline(transaction=False)
-            for running, unclaimed in self._indexes:
-                pipe.zrangebyscore(running, "-inf", now * 1000)
-                pipe.zrangebyscore(unclaimed, "-inf", (now - unclaimed_grace_s) * 1000)
-            ids = list(dict.fromkeys(call_id for found in pipe.execute() for call_id in found))
-            pipe = self._redis.pipeline(transaction=False)
-            for call_id in ids:
-                pipe.hget(self.key(call_id, "spec"), "json")
-            specs = pipe.execute() if ids else []
+        lapsed_ms, registered_ms = now * 1000, (now - unclaimed_grace_s) * 1000
+        # Non-transactional pipelines: one round trip on a server, one per node on a cluster
+        # (each shard's indexes sit on the node that owns its slot).
+        found = self._pipe(lambda pipe: [(pipe.zrangebyscore(running, "-inf", lapsed_ms),
+                                          pipe.zrangebyscore(unclaimed, "-inf", registered_ms))
+                                         for running, unclaimed in self._indexes])
+        ids = list(dict.fromkeys(call_id for listed in found for call_id in listed))
+        specs = self._pipe(lambda pipe: [pipe.hget(self.key(i, "spec"), "json") for i in ids]) if ids else []
         # A spec missing here expired with its call's retention: nothing to bring back.
         return [CallSpec.from_json(raw) for raw in specs if raw]
 
@@ -548,8 +542,7 @@ class RedisStore(RedisRuns, Store):
             count = "" if plan.count is None else repr(plan.count)
             expires = math.ceil((plan.window + 1) * float(window_s) * 1000) + 1000
             args = [token, window, seen, str(plan.window), "1" if plan.restart else "0", count, str(expires)]
-            with wrap_errors(self.kind, *ERRORS):
-                reply = self._script("spend")(keys=keys, args=args, client=self._redis)
+            reply = self._run_script("spend", keys, args)
             if reply[0] == "done":
                 if offset is not None:
                     if len(self._budgets_seen) >= _KNOWN_SPECS:
@@ -635,11 +628,9 @@ class RedisStore(RedisRuns, Store):
     def resolve(self, call_id: str, verdict: Literal["completed", "failed"], note: str, by: str,
                 value: Any = None) -> Outcome:
         for _ in range(_TRIES):
-            with wrap_errors(self.kind, *ERRORS):
-                pipe = self._redis.pipeline(transaction=False)  # one round trip: both keys share a slot
-                pipe.hget(self.key(call_id, "spec"), "json")
-                pipe.get(self.key(call_id, "result"))
-                raw_spec, raw = pipe.execute()
+            # one round trip: both keys share a slot
+            raw_spec, raw = self._pipe(lambda pipe: (pipe.hget(self.key(call_id, "spec"), "json"),
+                                                     pipe.get(self.key(call_id, "result"))))
             spec = CallSpec.from_json(raw_spec) if raw_spec else CallSpec(call_id)
             writes = plan_resolve(spec, Outcome.from_json(raw) if raw else None, verdict, note, by, value)
             if self._run("resolve", call_id, raw, "1", *_pack(writes, None, self.retention_s))[0] == 1:
