@@ -75,10 +75,6 @@ def _spec_args(call: CallSpec) -> list[Any]:
     return [_json(call), call.name, call.idempotency_key, str(spec_rank(call)), str(replaces_below(call))]
 
 
-def _event_args(event: Draft) -> list[str]:
-    return [event.id, event.to_json()]
-
-
 def _expected(state: CallState, spec: CallSpec) -> list[Any]:
     """begin.lua's compare-and-set value: the state ``state`` a plan was made for, with the
     name and idempotency key of ``spec``, the spec in force its events were built from."""
@@ -98,8 +94,8 @@ def _pack(writes: Writes, state: CallState | None, retention_s: int) -> list[Any
         args += ["record", _json(writes.record), retention_s]
     if writes.settle is not None:
         args += ["settle", _json(writes.settle)]
-    if writes.event is not None:
-        args += ["event", *_event_args(writes.event), "1" if state and fresh_event(writes.event, state) else "0"]
+    if (event := writes.event) is not None:
+        args += ["event", event.id, event.to_json(), "1" if state and fresh_event(event, state) else "0"]
     if writes.let_go is not None:
         args += ["let_go", writes.let_go]
     if writes.hand_on is not None:
@@ -190,11 +186,8 @@ class RedisStore(RedisRuns, Store):
                    **kw, "decode_responses": True}
         if cluster_scheme is None:
             self._open(lambda: redis.Redis.from_url(url, **options))
-        else:
-            # RedisCluster discovers the cluster as it is built: do that at first use.
-            self._connect = lambda: redis.RedisCluster.from_url(
-                f"{cluster_scheme}{sep}{rest}", **options
-            )
+        else:  # RedisCluster discovers the cluster as it is built: do that at first use.
+            self._connect = lambda: redis.RedisCluster.from_url(f"{cluster_scheme}{sep}{rest}", **options)
 
     def _open(self, connect: Any) -> Any:
         client = connect()
@@ -216,19 +209,18 @@ class RedisStore(RedisRuns, Store):
 
     # -- Format version (format_version.py) ------------------------------------------------------
 
-    def _format_indexes(self) -> list[str]:
-        """Every index a call or a run of the prefix is in."""
-        return [f"{tag}:calls" for tag in self._tags] + [f"{self._run_tag(n)}:runs" for n in range(self.shards)]
-
     def schema_version(self) -> StoreVersion:
-        client = self._redis
-        with wrap_errors(self.kind, *ERRORS):
-            return format_version.version(client, self.key_prefix, self._format_indexes())
+        return self._format(format_version.version)
 
     def migrate(self) -> StoreVersion:
+        return self._format(format_version.upgrade)
+
+    def _format(self, run: Callable[[Any, str, list[str]], StoreVersion]) -> StoreVersion:
+        """``run`` on the client, the key prefix and every index a call or a run of the prefix is in."""
         client = self._redis
+        indexes = [f"{tag}:calls" for tag in self._tags] + [f"{self._run_tag(n)}:runs" for n in range(self.shards)]
         with wrap_errors(self.kind, *ERRORS):
-            return format_version.upgrade(client, self.key_prefix, self._format_indexes())
+            return run(client, self.key_prefix, indexes)
 
     def key(self, call_id: str, name: str) -> str:
         """The key ``name`` (``lease``, ``result``, ...) of a call."""
