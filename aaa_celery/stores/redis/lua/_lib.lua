@@ -75,19 +75,17 @@ local function drop_lease()
 end
 
 -- Append the audit event `event` (lifecycle's JSON, id `id`) unless an entry with that id
--- exists. An entry is a JSON object {"id": id, "at": server time "<s>.<us>", "event": the
--- event's JSON as a string}, encoded by cjson: the event's own JSON is kept byte for byte
--- (decoding and re-encoding it in Lua would lose data: cjson turns [] into {} and rounds
--- numbers), and RedisStore.events() stamps it with `at`.
-local function push_event(id, event, at)
-  for _, e in ipairs(redis.call('LRANGE', EVENTS, 0, -1)) do
-    if cjson.decode(e).id == id then return end
+-- exists (`fresh`: the caller knows none does, so the trail is not read). An entry is a JSON
+-- object {"id": id, "at": server time "<s>.<us>", "event": the event's JSON as a string},
+-- encoded by cjson: the event's own JSON is kept byte for byte (decoding and re-encoding it
+-- in Lua would lose data: cjson turns [] into {} and rounds numbers), and
+-- RedisStore.events() stamps it with `at`.
+local function push_event(id, event, at, fresh)
+  if not fresh then
+    for _, e in ipairs(redis.call('LRANGE', EVENTS, 0, -1)) do
+      if cjson.decode(e).id == id then return end
+    end
   end
-  redis.call('RPUSH', EVENTS, cjson.encode({id = id, at = at, event = event}))
-end
-
--- Append an audit entry (see push_event) that the caller knows is not in the trail yet.
-local function append_event(id, event, at)
   redis.call('RPUSH', EVENTS, cjson.encode({id = id, at = at, event = event}))
 end
 
@@ -198,11 +196,7 @@ local function apply(i, now, at, fields)
       redis.call('SET', RESULT, ARGV[i + 1], 'KEEPTTL')
       i = i + 2
     elseif op == 'event' then
-      if ARGV[i + 3] == '1' then
-        append_event(ARGV[i + 1], ARGV[i + 2], at)
-      else
-        push_event(ARGV[i + 1], ARGV[i + 2], at)
-      end
+      push_event(ARGV[i + 1], ARGV[i + 2], at, ARGV[i + 3] == '1')
       i = i + 4
     elseif op == 'let_go' then
       forget(ARGV[i + 1])
