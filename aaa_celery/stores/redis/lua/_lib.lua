@@ -67,13 +67,6 @@ local function forget(token)
   end
 end
 
--- Free the lease; the call stays in the running index, lapsed for any `now`.
-local function drop_lease()
-  redis.call('DEL', LEASE)
-  redis.call('HDEL', SPEC, 'token')
-  redis.call('ZADD', RUNNING, 'XX', 0, CALL)
-end
-
 -- Append the audit event `event` (lifecycle's JSON, id `id`) unless an entry with that id
 -- exists (`fresh`: the caller knows none does, so the trail is not read). An entry is a JSON
 -- object {"id": id, "at": server time "<s>.<us>", "event": the event's JSON as a string},
@@ -87,23 +80,6 @@ local function push_event(id, event, at, fresh)
     end
   end
   redis.call('RPUSH', EVENTS, cjson.encode({id = id, at = at, event = event}))
-end
-
--- Keep a finished call's keys for `retention` seconds (its result got them with its SET).
-local function retain(retention)
-  for _, key in ipairs({SPEC, ATTEMPTS, EVENTS}) do
-    redis.call('EXPIRE', key, retention)
-  end
-end
-
--- Record the call's one result (`outcome`): set it, free the lease, drop the call from the
--- indexes. Only for a call without a result (so no entry has the id of its result event,
--- which is only ever written with the result, and expires with it).
-local function set_result(outcome, retention)
-  redis.call('SET', RESULT, outcome, 'EX', retention)
-  redis.call('DEL', LEASE)
-  redis.call('ZREM', RUNNING, CALL)
-  redis.call('ZREM', UNCLAIMED, CALL)
 end
 
 -- The spec fields to write for a delivered spec (`json`, `name`, `ikey`, its spec_rank `rank`),
@@ -189,8 +165,13 @@ local function apply(i, now, at, fields)
       redis.call('DEL', RECOVERY)  -- claimed: a later crash may be recovered at once
       i = i + 5
     elseif op == 'record' then
+      -- only for a call without a result (so no entry has the id of its result event, which
+      -- is only ever written with the result, and expires with it)
       retention = ARGV[i + 2]
-      set_result(ARGV[i + 1], retention)
+      redis.call('SET', RESULT, ARGV[i + 1], 'EX', retention)
+      redis.call('DEL', LEASE)
+      redis.call('ZREM', RUNNING, CALL)
+      redis.call('ZREM', UNCLAIMED, CALL)
       i = i + 3
     elseif op == 'settle' then
       redis.call('SET', RESULT, ARGV[i + 1], 'KEEPTTL')
@@ -200,8 +181,10 @@ local function apply(i, now, at, fields)
       i = i + 4
     elseif op == 'let_go' then
       forget(ARGV[i + 1])
-      if holds(ARGV[i + 1]) then
-        drop_lease()
+      if holds(ARGV[i + 1]) then  -- the call stays in the running index, lapsed for any `now`
+        redis.call('DEL', LEASE)
+        redis.call('HDEL', SPEC, 'token')
+        redis.call('ZADD', RUNNING, 'XX', 0, CALL)
       end
       i = i + 2
     elseif op == 'hand_on' then
@@ -227,8 +210,12 @@ local function apply(i, now, at, fields)
   if #fields > 0 then
     redis.call('HSET', SPEC, unpack(fields))
   end
+  -- A finished call's keys are kept `retention` seconds (its result got them with its SET);
+  -- after the event: a TTL is kept by RPUSH, not set on a list not yet made.
   if retention then
-    retain(retention)  -- after the event: a TTL is kept by RPUSH, not set on a list not yet made
+    for _, key in ipairs({SPEC, ATTEMPTS, EVENTS}) do
+      redis.call('EXPIRE', key, retention)
+    end
   end
   return expires
 end
