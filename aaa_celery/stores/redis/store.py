@@ -5,8 +5,7 @@
 writes (:func:`_pack`) with that state, and applies them only if the call is in it. Else it
 writes nothing and replies the state, which lifecycle plans again. ``finish`` gets only a
 lease, so the store remembers the spec of the calls it began; a ``finish`` from another
-store instance costs one more round trip. An event is stored as ``{"id", "at", "event"}``,
-``at`` by the server's clock.
+store instance costs one more round trip.
 
 **Shards.** A call's keys, ``<p>:{<p>:<shard>}:<call_id>:<name>`` with ``shard =
 crc32(call_id) % shards``, share their shard's hash tag with its two recovery indexes

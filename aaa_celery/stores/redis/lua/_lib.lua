@@ -1,7 +1,8 @@
--- _lib.lua: shared helpers, prepended to every script in this folder (not a script itself).
+-- _lib.lua: shared helpers, prepended to every call script (not a script itself; spend.lua,
+-- slot.lua and run_*.lua run alone).
 --
 -- Every call script gets the same KEYS, all under the hash tag {<p>:<shard>} of the call's
--- shard (shard = crc32(call id) % shards, see redis.py), so a script touches one hash slot
+-- shard (shard = crc32(call id) % shards, see store.py), so a script touches one hash slot
 -- only and runs on Redis Cluster. Written <t> = <p>:{<p>:<shard>} below:
 --   KEYS[1] <t>:<call>:spec      hash: json (CallSpec), name, ikey, req (lifecycle.spec_rank),
 --                                handed_on (the attempt that last handed the call on, if any),
@@ -28,11 +29,10 @@
 -- store that JSON as it is and never build or edit JSON text: the one thing they add
 -- is the server's time of an event, kept beside the event's JSON (push_event).
 --
--- Plans. begin.lua, finish.lua, record.lua, resolve.lua and lease.lua get lifecycle's decision, planned
--- in Python for the state Python expects the call to be in (lifecycle.Writes, packed by
--- store.py's _pack), with that expected state. They read the call's state, and if it is the
--- expected one they apply the plan (apply below); else they write nothing (but the delivered
--- spec) and reply the state they read, for Python to plan again (lease.lua replies only that
+-- Plans. begin.lua, finish.lua, record.lua, resolve.lua and lease.lua get lifecycle's writes
+-- (lifecycle.Writes, packed by store.py's _pack) with the state they were planned for, and
+-- apply them (apply below) only if the call is in it; else they write nothing (but the
+-- delivered spec) and reply the state, for Python to plan again (lease.lua replies only that
 -- it wrote nothing: the plan for a lease that does not hold is known). They decide nothing:
 -- every rule is lifecycle's.
 
