@@ -106,19 +106,22 @@ class RedisRuns(RunRecords, RunJournal):
             self._pipe(lambda pipe: pipe.srem(self._named(run_id), *gone))
         return found
 
-    def _shard_page(self, key: str, before: tuple[float, str] | None) -> Iterator[tuple[float, str]]:
-        """A shard index's entries older than ``before``, newest first, a page at a time."""
-        top, offset = ("+inf" if before is None else repr(before[0])), 0
+    def _newest_first(self, key: str, top: str, bottom: str, page: int) -> Iterator[tuple[float, str]]:
+        """The ``(score, member)`` entries of sorted set ``key`` scored from ``top`` down to
+        ``bottom``, highest first, read ``page`` at a time."""
+        offset = 0
         while True:
-            start = offset
-            page = self._pipe(lambda pipe: pipe.zrevrangebyscore(key, top, "-inf", start=start,  # noqa: B023
-                                                                   num=_PAGE, withscores=True))[0]
-            for member, score in page:
-                if before is None or (score, member) < tuple(before):
-                    yield score, member
-            if len(page) < _PAGE:
+            with wrap_errors(self.kind, *ERRORS):
+                found = self._redis.zrevrangebyscore(key, top, bottom, start=offset, num=page, withscores=True)
+            yield from ((score, member) for member, score in found)
+            if len(found) < page:
                 return
-            offset += len(page)
+            offset += len(found)
+
+    def _shard_page(self, key: str, before: tuple[float, str] | None) -> Iterator[tuple[float, str]]:
+        """A shard index's entries older than ``before``, newest first."""
+        entries = self._newest_first(key, "+inf" if before is None else repr(before[0]), "-inf", _PAGE)
+        return (entry for entry in entries if before is None or entry < tuple(before))
 
     def list_runs(self, *, tenant: str | None = None, all_tenants: bool = False, active: bool = False,
                   limit: int = 50, before: tuple[float, str] | None = None) -> list[RunRecord]:

@@ -584,16 +584,9 @@ class RedisStore(RedisRuns, Store):
     # -- Operators' verbs (stores/ops.py): each shard's ``calls`` index -------------------
 
     def _shard_ids(self, shard: int, since_ms: str, until_ms: str) -> Iterator[tuple[float, str]]:
-        """A shard's ``calls`` index between the two scores, newest first, a page at a time."""
-        key, offset = f"{self._tags[shard]}:calls", 0
-        while True:
-            with wrap_errors(self.kind, *ERRORS):
-                page = self._redis.zrevrangebyscore(key, until_ms, since_ms, start=offset, num=_OPS_PAGE,
-                                                    withscores=True)
-            yield from ((score / 1000, call_id) for call_id, score in page)
-            if len(page) < _OPS_PAGE:
-                return
-            offset += len(page)
+        """A shard's ``calls`` index between the two scores, newest first: (seen at (s), call id)."""
+        entries = self._newest_first(f"{self._tags[shard]}:calls", until_ms, since_ms, _OPS_PAGE)
+        return ((score / 1000, call_id) for score, call_id in entries)
 
     def calls(self, since: float | None = None, until: float | None = None) -> Iterator[CallRecord]:
         since_ms = "-inf" if since is None else str(ms(since))
