@@ -82,6 +82,13 @@ local function push_event(id, event, at, fresh)
   redis.call('RPUSH', EVENTS, cjson.encode({id = id, at = at, event = event}))
 end
 
+-- Write the spec's field, value pairs gathered in `fields`, if any, in one HSET.
+local function write_fields(fields)
+  if #fields > 0 then
+    redis.call('HSET', SPEC, unpack(fields))
+  end
+end
+
 -- The spec fields to write for a delivered spec (`json`, `name`, `ikey`, its spec_rank `rank`),
 -- as lifecycle.merge_spec keeps it, given the stored spec's `name` and `req` (nil: no spec).
 -- A new call also enters the shard's calls index at `now`. Appends field, value pairs to
@@ -104,9 +111,7 @@ end
 local function ensure_spec(json, name, ikey, rank, below, now)
   local stored, fields = redis.call('HMGET', SPEC, 'name', 'req'), {}
   merge_fields(fields, json, name, ikey, rank, below, stored[1] or nil, nil, stored[2] or nil, now)
-  if #fields > 0 then
-    redis.call('HSET', SPEC, unpack(fields))
-  end
+  write_fields(fields)
   return not stored[1]
 end
 
@@ -207,9 +212,7 @@ local function apply(i, now, at, fields)
       error('unknown write in a plan: ' .. tostring(op))
     end
   end
-  if #fields > 0 then
-    redis.call('HSET', SPEC, unpack(fields))
-  end
+  write_fields(fields)
   -- A finished call's keys are kept `retention` seconds (its result got them with its SET);
   -- after the event: a TTL is kept by RPUSH, not set on a list not yet made.
   if retention then
