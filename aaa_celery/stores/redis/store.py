@@ -86,8 +86,7 @@ def _pack(writes: Writes, state: CallState | None, retention_s: int) -> list[Any
     """``writes`` (planned for ``state``; None: a state that proves no event fresh) as
     ``lua/_lib.lua``'s apply reads them."""
     args: list[Any] = []
-    if writes.claim is not None:
-        lease = writes.claim
+    if (lease := writes.claim) is not None:
         args += ["claim", lease.attempt, lease.token, lease.worker, ms(lease.ttl_s)]
     if writes.record is not None:
         args += ["record", _json(writes.record), retention_s]
@@ -232,11 +231,10 @@ class RedisStore(RedisRuns, Store):
     def _keys(self, call_id: str) -> list[str]:
         """A call's keys, as the scripts take them (``lua/_lib.lua``)."""
         shard = self.shard(call_id)
-        call = f"{self._tags[shard]}:{call_id}"
-        keys = [f"{call}:{k}" for k in _CALL_KEYS] + self._indexes[shard]
-        keys.append(f"{call}:recovery")
-        keys.append(f"{self._tags[shard]}:calls")  # the shard's time index (stores/ops.py)
-        return keys
+        tag = self._tags[shard]
+        call = f"{tag}:{call_id}"
+        # last, the shard's calls index: its time index (stores/ops.py)
+        return [*[f"{call}:{k}" for k in _CALL_KEYS], *self._indexes[shard], f"{call}:recovery", f"{tag}:calls"]
 
     def _script(self, name: str) -> Any:
         """``lua/<name>.lua`` (after ``lua/_lib.lua`` unless it runs alone), registered on first use."""
@@ -247,9 +245,7 @@ class RedisStore(RedisRuns, Store):
         return script
 
     def _run(self, script: str, call_id: str, *args: Any, more_keys: tuple[Any, ...] = ()) -> Any:
-        keys = self._keys(call_id)
-        keys.extend(more_keys)
-        return self._eval(script, keys, [call_id, *args], call_id)
+        return self._eval(script, [*self._keys(call_id), *more_keys], [call_id, *args], call_id)
 
     def _eval(self, name: str, keys: list[str], args: list[Any], subject: str,
               wrote: Callable[[Any], bool] = lambda reply: True) -> Any:
