@@ -59,14 +59,6 @@ local function holds(token)
   return redis.call('HGET', LEASE, 'token') == token
 end
 
--- The holder of the claim `token` lets it go, live or lapsed: a begin with that token no
--- longer claims again (lifecycle.CallState.token).
-local function forget(token)
-  if redis.call('HGET', SPEC, 'token') == token then
-    redis.call('HDEL', SPEC, 'token')
-  end
-end
-
 -- Append the audit event `event` (lifecycle's JSON, id `id`) unless an entry with that id
 -- exists (`fresh`: the caller knows none does, so the trail is not read). An entry is a JSON
 -- object {"id": id, "at": server time "<s>.<us>", "event": the event's JSON as a string},
@@ -185,8 +177,13 @@ local function apply(i, now, at, fields)
       push_event(ARGV[i + 1], ARGV[i + 2], at, ARGV[i + 3] == '1')
       i = i + 4
     elseif op == 'let_go' then
-      forget(ARGV[i + 1])
-      if holds(ARGV[i + 1]) then  -- the call stays in the running index, lapsed for any `now`
+      -- the holder of the claim `token` lets it go, live or lapsed: a begin with that token no
+      -- longer claims again (lifecycle.CallState.token)
+      local token = ARGV[i + 1]
+      if redis.call('HGET', SPEC, 'token') == token then
+        redis.call('HDEL', SPEC, 'token')
+      end
+      if holds(token) then  -- the call stays in the running index, lapsed for any `now`
         redis.call('DEL', LEASE)
         redis.call('HDEL', SPEC, 'token')
         redis.call('ZADD', RUNNING, 'XX', 0, CALL)
