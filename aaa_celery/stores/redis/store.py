@@ -316,8 +316,7 @@ class RedisStore(RedisRuns, Store):
             spec = CallSpec(call.call_id, name, ikey)
         else:
             raise RuntimeError(f"the state of {call.call_id!r} kept changing while it was begun")
-        lease = writes.claim
-        if lease is not None:  # claimed: the lease lapses when the server's clock says
+        if (lease := writes.claim) is not None:  # claimed: the lease lapses when the server's clock says
             self._remember(spec)
             return Claimed(Lease(lease.call_id, lease.attempt, worker, token, lease.ttl_s, reply[1] / 1000))
         if writes.record is not None:  # refused
@@ -337,8 +336,7 @@ class RedisStore(RedisRuns, Store):
                 return held.reply
             expect = "known"
         writes = plan(False)
-        args = _pack(writes, None, self.retention_s)
-        if args:
+        if args := _pack(writes, None, self.retention_s):
             self._run("lease", lease.call_id, expect, lease.token, *args)
         return writes.reply
 
