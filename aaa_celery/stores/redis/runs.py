@@ -49,9 +49,9 @@ class RedisRuns(RunRecords, RunJournal):
     def _run_tag(self, shard: int) -> str:
         return f"{self.key_prefix}:{{{self.key_prefix}:r{shard}}}"
 
-    def shard(self, key: str) -> int:
-        """The shard of a call (by its id) or of a run (by its key): a hash that every worker computes alike."""
-        return zlib.crc32(key.encode("utf-8")) % self.shards
+    def shard(self, call_id: str) -> int:
+        """The shard of a call, or of a run by its key: a hash that every worker computes alike."""
+        return zlib.crc32(call_id.encode("utf-8")) % self.shards
 
     def _run_key(self, key: str, part: str = "") -> str:
         base = f"{self._run_tag(self.shard(key))}:run:{key}"
