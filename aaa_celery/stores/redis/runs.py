@@ -1,19 +1,17 @@
 """Run records in the Redis store (see :mod:`..runs`), Redis Cluster safe.
 
-A run's keys and its shard's indexes carry one hash tag: the run's shard is
-``crc32(key) % shards`` and its tag ``{<prefix>:r<shard>}``, so each script
-touches one hash slot. Keys, with ``<t>`` the shard's ``<prefix>:{<prefix>:r<shard>}``:
+A run's key is ``<tenant>:<run id>`` (:func:`~aaa_celery.stores.runs.run_key`). Its keys
+and its shard's indexes carry one hash tag: the run's shard is ``crc32(key) % shards`` and
+its tag ``{<prefix>:r<shard>}``, so each script touches one hash slot. Keys, with ``<t>``
+the shard's ``<prefix>:{<prefix>:r<shard>}``:
 
-- ``<t>:run:<run_id>``: the record (JSON); ``...:events`` (a list, event ``seq`` n at
+- ``<t>:run:<key>``: the record (JSON); ``...:events`` (a list, event ``seq`` n at
   index n-1), ``...:turns`` (a hash, turn -> answer), ``...:decisions`` (a hash,
   ``<call_id> <digest>`` -> decision), ``...:lease`` (the holder, with a TTL);
 - ``<t>:runs`` and ``<t>:runs:<tenant as JSON>``: the shard's runs by start time
   (sorted sets), ``<t>:active``: the shard's runs still going (a set);
 - ``<t'>:named:<run_id>``: the keys of every tenant's run with that run id (in the
   shard of the run id, so written apart from the run's own keys).
-
-A run's key is ``<tenant>:<run id>`` (:func:`~aaa_celery.stores.runs.run_key`); its
-shard is ``crc32(key) % shards``.
 
 A finished run's keys expire after the store's ``retention_s``; index entries of
 expired runs are dropped when a read or ``purge_runs`` meets them. Listing merges
@@ -23,6 +21,7 @@ the shards' indexes, newest first, a page at a time.
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import zlib
 from collections.abc import Iterator, Sequence
@@ -33,18 +32,6 @@ from ..runs import FINISHED, RunJournal, RunRecord, RunRecords, dumps, tenant_ke
 from .client import ERRORS
 
 _PAGE = 200
-
-
-class _Newest:
-    """A sort key that puts the newest ``(started_at, key)`` first."""
-
-    __slots__ = ("entry",)
-
-    def __init__(self, entry: tuple[float, str]) -> None:
-        self.entry = entry
-
-    def __lt__(self, other: _Newest) -> bool:
-        return self.entry > other.entry
 
 
 class RedisRuns(RunRecords, RunJournal):
@@ -62,16 +49,17 @@ class RedisRuns(RunRecords, RunJournal):
     def _run_tag(self, shard: int) -> str:
         return f"{self.key_prefix}:{{{self.key_prefix}:r{shard}}}"
 
-    def _run_shard(self, key: str) -> int:
-        return zlib.crc32(key.encode("utf-8")) % self.shards
+    def shard(self, call_id: str) -> int:
+        """The shard of a call, or of a run by its key: a hash that every worker computes alike."""
+        return zlib.crc32(call_id.encode("utf-8")) % self.shards
 
     def _run_key(self, key: str, part: str = "") -> str:
-        base = f"{self._run_tag(self._run_shard(key))}:run:{key}"
+        base = f"{self._run_tag(self.shard(key))}:run:{key}"
         return f"{base}:{part}" if part else base
 
     def _named(self, run_id: str) -> str:
         """The set of the keys of every tenant's run with this run id (in the shard of the run id)."""
-        return f"{self._run_tag(self._run_shard(run_id))}:named:{run_id}"
+        return f"{self._run_tag(self.shard(run_id))}:named:{run_id}"
 
     def _run_script(self, name: str, keys: list[str], args: list[Any]) -> Any:
         with wrap_errors(self.kind, *ERRORS):
@@ -99,7 +87,7 @@ class RedisRuns(RunRecords, RunJournal):
 
     def put_run(self, record: RunRecord) -> None:
         key = record.key
-        tag = self._run_tag(self._run_shard(key))
+        tag = self._run_tag(self.shard(key))
         keys = [self._run_key(key), f"{tag}:runs:{tenant_key(record.tenant)}", f"{tag}:runs",
                 f"{tag}:active", *(self._run_key(key, p) for p in ("events", "turns", "decisions"))]
         self._run_script("run_put", keys, [key, record.to_json(), repr(record.started_at),
@@ -118,19 +106,22 @@ class RedisRuns(RunRecords, RunJournal):
             self._pipe(lambda pipe: pipe.srem(self._named(run_id), *gone))
         return found
 
-    def _shard_page(self, key: str, before: tuple[float, str] | None) -> Iterator[tuple[float, str]]:
-        """A shard index's entries older than ``before``, newest first, a page at a time."""
-        top, offset = ("+inf" if before is None else repr(before[0])), 0
+    def _newest_first(self, key: str, top: str, bottom: str, page: int) -> Iterator[tuple[float, str]]:
+        """The ``(score, member)`` entries of sorted set ``key`` scored from ``top`` down to
+        ``bottom``, highest first, read ``page`` at a time."""
+        offset = 0
         while True:
-            start = offset
-            page = self._pipe(lambda pipe: pipe.zrevrangebyscore(key, top, "-inf", start=start,  # noqa: B023
-                                                                   num=_PAGE, withscores=True))[0]
-            for member, score in page:
-                if before is None or (score, member) < tuple(before):
-                    yield score, member
-            if len(page) < _PAGE:
+            with wrap_errors(self.kind, *ERRORS):
+                found = self._redis.zrevrangebyscore(key, top, bottom, start=offset, num=page, withscores=True)
+            yield from ((score, member) for member, score in found)
+            if len(found) < page:
                 return
-            offset += len(page)
+            offset += len(found)
+
+    def _shard_page(self, key: str, before: tuple[float, str] | None) -> Iterator[tuple[float, str]]:
+        """A shard index's entries older than ``before``, newest first."""
+        entries = self._newest_first(key, "+inf" if before is None else repr(before[0]), "-inf", _PAGE)
+        return (entry for entry in entries if before is None or entry < tuple(before))
 
     def list_runs(self, *, tenant: str | None = None, all_tenants: bool = False, active: bool = False,
                   limit: int = 50, before: tuple[float, str] | None = None) -> list[RunRecord]:
@@ -143,16 +134,12 @@ class RedisRuns(RunRecords, RunJournal):
             records.sort(key=lambda r: r.cursor, reverse=True)
             return records[:limit]
         index = "runs" if all_tenants else f"runs:{tenant_key(tenant)}"
+        # each shard's page is newest (highest (started_at, key)) first
         merged = heapq.merge(*(self._shard_page(f"{self._run_tag(n)}:{index}", before) for n in range(self.shards)),
-                             key=_Newest)
+                             reverse=True)
         out: list[RunRecord] = []
-        while len(out) < limit:
-            batch = [entry for _, entry in zip(range(limit - len(out)), merged, strict=False)]
-            if not batch:
-                break
-            for _, record in zip(batch, self._read_runs([i for _, i in batch]), strict=True):
-                if record is not None:
-                    out.append(record)
+        while len(out) < limit and (batch := list(itertools.islice(merged, limit - len(out)))):
+            out += [record for record in self._read_runs([i for _, i in batch]) if record is not None]
         return out
 
     def append_run_events(self, key: str, events: Sequence[dict[str, Any]]) -> None:
@@ -192,7 +179,7 @@ class RedisRuns(RunRecords, RunJournal):
         self._run_script("run_release", [self._run_key(key, "lease")], [holder])
 
     def _drop(self, key: str, record: RunRecord | None) -> None:
-        tag = self._run_tag(self._run_shard(key))
+        tag = self._run_tag(self.shard(key))
 
         def fill(pipe: Any) -> None:
             for part in ("", "events", "turns", "decisions", "lease"):

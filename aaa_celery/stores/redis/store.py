@@ -5,8 +5,7 @@
 writes (:func:`_pack`) with that state, and applies them only if the call is in it. Else it
 writes nothing and replies the state, which lifecycle plans again. ``finish`` gets only a
 lease, so the store remembers the spec of the calls it began; a ``finish`` from another
-store instance costs one more round trip. An event is stored as ``{"id", "at", "event"}``,
-``at`` by the server's clock.
+store instance costs one more round trip.
 
 **Shards.** A call's keys, ``<p>:{<p>:<shard>}:<call_id>:<name>`` with ``shard =
 crc32(call_id) % shards``, share their shard's hash tag with its two recovery indexes
@@ -26,7 +25,6 @@ import json
 import math
 import threading
 import time
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, cast
@@ -76,10 +74,6 @@ def _spec_args(call: CallSpec) -> list[Any]:
     return [_json(call), call.name, call.idempotency_key, str(spec_rank(call)), str(replaces_below(call))]
 
 
-def _event_args(event: Draft) -> list[str]:
-    return [event.id, event.to_json()]
-
-
 def _expected(state: CallState, spec: CallSpec) -> list[Any]:
     """begin.lua's compare-and-set value: the state ``state`` a plan was made for, with the
     name and idempotency key of ``spec``, the spec in force its events were built from."""
@@ -92,15 +86,14 @@ def _pack(writes: Writes, state: CallState | None, retention_s: int) -> list[Any
     """``writes`` (planned for ``state``; None: a state that proves no event fresh) as
     ``lua/_lib.lua``'s apply reads them."""
     args: list[Any] = []
-    if writes.claim is not None:
-        lease = writes.claim
+    if (lease := writes.claim) is not None:
         args += ["claim", lease.attempt, lease.token, lease.worker, ms(lease.ttl_s)]
     if writes.record is not None:
         args += ["record", _json(writes.record), retention_s]
     if writes.settle is not None:
         args += ["settle", _json(writes.settle)]
-    if writes.event is not None:
-        args += ["event", *_event_args(writes.event), "1" if state and fresh_event(writes.event, state) else "0"]
+    if (event := writes.event) is not None:
+        args += ["event", event.id, event.to_json(), "1" if state and fresh_event(event, state) else "0"]
     if writes.let_go is not None:
         args += ["let_go", writes.let_go]
     if writes.hand_on is not None:
@@ -191,11 +184,8 @@ class RedisStore(RedisRuns, Store):
                    **kw, "decode_responses": True}
         if cluster_scheme is None:
             self._open(lambda: redis.Redis.from_url(url, **options))
-        else:
-            # RedisCluster discovers the cluster as it is built: do that at first use.
-            self._connect = lambda: redis.RedisCluster.from_url(
-                f"{cluster_scheme}{sep}{rest}", **options
-            )
+        else:  # RedisCluster discovers the cluster as it is built: do that at first use.
+            self._connect = lambda: redis.RedisCluster.from_url(f"{cluster_scheme}{sep}{rest}", **options)
 
     def _open(self, connect: Any) -> Any:
         client = connect()
@@ -217,23 +207,18 @@ class RedisStore(RedisRuns, Store):
 
     # -- Format version (format_version.py) ------------------------------------------------------
 
-    def _format_indexes(self) -> list[str]:
-        """Every index a call or a run of the prefix is in."""
-        return [f"{tag}:calls" for tag in self._tags] + [f"{self._run_tag(n)}:runs" for n in range(self.shards)]
-
     def schema_version(self) -> StoreVersion:
-        client = self._redis
-        with wrap_errors(self.kind, *ERRORS):
-            return format_version.version(client, self.key_prefix, self._format_indexes())
+        return self._format(format_version.version)
 
     def migrate(self) -> StoreVersion:
-        client = self._redis
-        with wrap_errors(self.kind, *ERRORS):
-            return format_version.upgrade(client, self.key_prefix, self._format_indexes())
+        return self._format(format_version.upgrade)
 
-    def shard(self, call_id: str) -> int:
-        """The shard of a call: a hash of its id that every worker computes alike."""
-        return zlib.crc32(call_id.encode("utf-8")) % self.shards
+    def _format(self, run: Callable[[Any, str, list[str]], StoreVersion]) -> StoreVersion:
+        """``run`` on the client, the key prefix and every index a call or a run of the prefix is in."""
+        client = self._redis
+        indexes = [f"{tag}:calls" for tag in self._tags] + [f"{self._run_tag(n)}:runs" for n in range(self.shards)]
+        with wrap_errors(self.kind, *ERRORS):
+            return run(client, self.key_prefix, indexes)
 
     def key(self, call_id: str, name: str) -> str:
         """The key ``name`` (``lease``, ``result``, ...) of a call."""
@@ -246,11 +231,10 @@ class RedisStore(RedisRuns, Store):
     def _keys(self, call_id: str) -> list[str]:
         """A call's keys, as the scripts take them (``lua/_lib.lua``)."""
         shard = self.shard(call_id)
-        call = f"{self._tags[shard]}:{call_id}"
-        keys = [f"{call}:{k}" for k in _CALL_KEYS] + self._indexes[shard]
-        keys.append(f"{call}:recovery")
-        keys.append(f"{self._tags[shard]}:calls")  # the shard's time index (stores/ops.py)
-        return keys
+        tag = self._tags[shard]
+        call = f"{tag}:{call_id}"
+        # last, the shard's calls index: its time index (stores/ops.py)
+        return [*[f"{call}:{k}" for k in _CALL_KEYS], *self._indexes[shard], f"{call}:recovery", f"{tag}:calls"]
 
     def _script(self, name: str) -> Any:
         """``lua/<name>.lua`` (after ``lua/_lib.lua`` unless it runs alone), registered on first use."""
@@ -261,9 +245,7 @@ class RedisStore(RedisRuns, Store):
         return script
 
     def _run(self, script: str, call_id: str, *args: Any, more_keys: tuple[Any, ...] = ()) -> Any:
-        keys = self._keys(call_id)
-        keys.extend(more_keys)
-        return self._eval(script, keys, [call_id, *args], call_id)
+        return self._eval(script, [*self._keys(call_id), *more_keys], [call_id, *args], call_id)
 
     def _eval(self, name: str, keys: list[str], args: list[Any], subject: str,
               wrote: Callable[[Any], bool] = lambda reply: True) -> Any:
@@ -334,8 +316,7 @@ class RedisStore(RedisRuns, Store):
             spec = CallSpec(call.call_id, name, ikey)
         else:
             raise RuntimeError(f"the state of {call.call_id!r} kept changing while it was begun")
-        lease = writes.claim
-        if lease is not None:  # claimed: the lease lapses when the server's clock says
+        if (lease := writes.claim) is not None:  # claimed: the lease lapses when the server's clock says
             self._remember(spec)
             return Claimed(Lease(lease.call_id, lease.attempt, worker, token, lease.ttl_s, reply[1] / 1000))
         if writes.record is not None:  # refused
@@ -355,8 +336,7 @@ class RedisStore(RedisRuns, Store):
                 return held.reply
             expect = "known"
         writes = plan(False)
-        args = _pack(writes, None, self.retention_s)
-        if args:
+        if args := _pack(writes, None, self.retention_s):
             self._run("lease", lease.call_id, expect, lease.token, *args)
         return writes.reply
 
@@ -492,11 +472,9 @@ class RedisStore(RedisRuns, Store):
         return Checkpoint.from_json(raw) if raw else None
 
     def events(self, call_id: str) -> list[Event]:
-        with wrap_errors(self.kind, *ERRORS):
-            pipe = self._redis.pipeline(transaction=False)  # one round trip: both keys share a slot
-            pipe.lrange(self.key(call_id, "events"), 0, -1)
-            pipe.get(self.key(call_id, "result"))
-            raw, result = pipe.execute()
+        # one round trip: both keys share a slot
+        raw, result = self._pipe(lambda pipe: (pipe.lrange(self.key(call_id, "events"), 0, -1),
+                                               pipe.get(self.key(call_id, "result"))))
         return joined([_event(e) for e in raw], Outcome.from_json(result) if result else None)
 
     def result(self, call_id: str) -> Outcome | None:
@@ -506,18 +484,14 @@ class RedisStore(RedisRuns, Store):
 
     def expired(self, now: float | None = None, unclaimed_grace_s: float = 60.0) -> list[CallSpec]:
         now = self.now() if now is None else now
-        with wrap_errors(self.kind, *ERRORS):
-            # Non-transactional pipelines: one round trip on a server, one per node on a
-            # cluster (each shard's indexes sit on the node that owns its slot).
-            pipe = self._redis.pipeline(transaction=False)
-            for running, unclaimed in self._indexes:
-                pipe.zrangebyscore(running, "-inf", now * 1000)
-                pipe.zrangebyscore(unclaimed, "-inf", (now - unclaimed_grace_s) * 1000)
-            ids = list(dict.fromkeys(call_id for found in pipe.execute() for call_id in found))
-            pipe = self._redis.pipeline(transaction=False)
-            for call_id in ids:
-                pipe.hget(self.key(call_id, "spec"), "json")
-            specs = pipe.execute() if ids else []
+        lapsed_ms, registered_ms = now * 1000, (now - unclaimed_grace_s) * 1000
+        # Non-transactional pipelines: one round trip on a server, one per node on a cluster
+        # (each shard's indexes sit on the node that owns its slot).
+        found = self._pipe(lambda pipe: [(pipe.zrangebyscore(running, "-inf", lapsed_ms),
+                                          pipe.zrangebyscore(unclaimed, "-inf", registered_ms))
+                                         for running, unclaimed in self._indexes])
+        ids = list(dict.fromkeys(call_id for listed in found for call_id in listed))
+        specs = self._pipe(lambda pipe: [pipe.hget(self.key(i, "spec"), "json") for i in ids]) if ids else []
         # A spec missing here expired with its call's retention: nothing to bring back.
         return [CallSpec.from_json(raw) for raw in specs if raw]
 
@@ -553,8 +527,7 @@ class RedisStore(RedisRuns, Store):
             count = "" if plan.count is None else repr(plan.count)
             expires = math.ceil((plan.window + 1) * float(window_s) * 1000) + 1000
             args = [token, window, seen, str(plan.window), "1" if plan.restart else "0", count, str(expires)]
-            with wrap_errors(self.kind, *ERRORS):
-                reply = self._script("spend")(keys=keys, args=args, client=self._redis)
+            reply = self._run_script("spend", keys, args)
             if reply[0] == "done":
                 if offset is not None:
                     if len(self._budgets_seen) >= _KNOWN_SPECS:
@@ -605,16 +578,9 @@ class RedisStore(RedisRuns, Store):
     # -- Operators' verbs (stores/ops.py): each shard's ``calls`` index -------------------
 
     def _shard_ids(self, shard: int, since_ms: str, until_ms: str) -> Iterator[tuple[float, str]]:
-        """A shard's ``calls`` index between the two scores, newest first, a page at a time."""
-        key, offset = f"{self._tags[shard]}:calls", 0
-        while True:
-            with wrap_errors(self.kind, *ERRORS):
-                page = self._redis.zrevrangebyscore(key, until_ms, since_ms, start=offset, num=_OPS_PAGE,
-                                                    withscores=True)
-            yield from ((score / 1000, call_id) for call_id, score in page)
-            if len(page) < _OPS_PAGE:
-                return
-            offset += len(page)
+        """A shard's ``calls`` index between the two scores, newest first: (seen at (s), call id)."""
+        entries = self._newest_first(f"{self._tags[shard]}:calls", until_ms, since_ms, _OPS_PAGE)
+        return ((score / 1000, call_id) for score, call_id in entries)
 
     def calls(self, since: float | None = None, until: float | None = None) -> Iterator[CallRecord]:
         since_ms = "-inf" if since is None else str(ms(since))
@@ -640,11 +606,9 @@ class RedisStore(RedisRuns, Store):
     def resolve(self, call_id: str, verdict: Literal["completed", "failed"], note: str, by: str,
                 value: Any = None) -> Outcome:
         for _ in range(_TRIES):
-            with wrap_errors(self.kind, *ERRORS):
-                pipe = self._redis.pipeline(transaction=False)  # one round trip: both keys share a slot
-                pipe.hget(self.key(call_id, "spec"), "json")
-                pipe.get(self.key(call_id, "result"))
-                raw_spec, raw = pipe.execute()
+            # one round trip: both keys share a slot
+            raw_spec, raw = self._pipe(lambda pipe: (pipe.hget(self.key(call_id, "spec"), "json"),
+                                                     pipe.get(self.key(call_id, "result"))))
             spec = CallSpec.from_json(raw_spec) if raw_spec else CallSpec(call_id)
             writes = plan_resolve(spec, Outcome.from_json(raw) if raw else None, verdict, note, by, value)
             if self._run("resolve", call_id, raw, "1", *_pack(writes, None, self.retention_s))[0] == 1:

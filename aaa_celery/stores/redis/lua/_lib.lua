@@ -1,7 +1,8 @@
--- _lib.lua: shared helpers, prepended to every script in this folder (not a script itself).
+-- _lib.lua: shared helpers, prepended to every call script (not a script itself; spend.lua,
+-- slot.lua and run_*.lua run alone).
 --
 -- Every call script gets the same KEYS, all under the hash tag {<p>:<shard>} of the call's
--- shard (shard = crc32(call id) % shards, see redis.py), so a script touches one hash slot
+-- shard (shard = crc32(call id) % shards, see store.py), so a script touches one hash slot
 -- only and runs on Redis Cluster. Written <t> = <p>:{<p>:<shard>} below:
 --   KEYS[1] <t>:<call>:spec      hash: json (CallSpec), name, ikey, req (lifecycle.spec_rank),
 --                                handed_on (the attempt that last handed the call on, if any),
@@ -28,11 +29,10 @@
 -- store that JSON as it is and never build or edit JSON text: the one thing they add
 -- is the server's time of an event, kept beside the event's JSON (push_event).
 --
--- Plans. begin.lua, finish.lua, record.lua, resolve.lua and lease.lua get lifecycle's decision, planned
--- in Python for the state Python expects the call to be in (lifecycle.Writes, packed by
--- store.py's _pack), with that expected state. They read the call's state, and if it is the
--- expected one they apply the plan (apply below); else they write nothing (but the delivered
--- spec) and reply the state they read, for Python to plan again (lease.lua replies only that
+-- Plans. begin.lua, finish.lua, record.lua, resolve.lua and lease.lua get lifecycle's writes
+-- (lifecycle.Writes, packed by store.py's _pack) with the state they were planned for, and
+-- apply them (apply below) only if the call is in it; else they write nothing (but the
+-- delivered spec) and reply the state, for Python to plan again (lease.lua replies only that
 -- it wrote nothing: the plan for a lease that does not hold is known). They decide nothing:
 -- every rule is lifecycle's.
 
@@ -59,53 +59,26 @@ local function holds(token)
   return redis.call('HGET', LEASE, 'token') == token
 end
 
--- The holder of the claim `token` lets it go, live or lapsed: a begin with that token no
--- longer claims again (lifecycle.CallState.token).
-local function forget(token)
-  if redis.call('HGET', SPEC, 'token') == token then
-    redis.call('HDEL', SPEC, 'token')
-  end
-end
-
--- Free the lease; the call stays in the running index, lapsed for any `now`.
-local function drop_lease()
-  redis.call('DEL', LEASE)
-  redis.call('HDEL', SPEC, 'token')
-  redis.call('ZADD', RUNNING, 'XX', 0, CALL)
-end
-
 -- Append the audit event `event` (lifecycle's JSON, id `id`) unless an entry with that id
--- exists. An entry is a JSON object {"id": id, "at": server time "<s>.<us>", "event": the
--- event's JSON as a string}, encoded by cjson: the event's own JSON is kept byte for byte
--- (decoding and re-encoding it in Lua would lose data: cjson turns [] into {} and rounds
--- numbers), and RedisStore.events() stamps it with `at`.
-local function push_event(id, event, at)
-  for _, e in ipairs(redis.call('LRANGE', EVENTS, 0, -1)) do
-    if cjson.decode(e).id == id then return end
+-- exists (`fresh`: the caller knows none does, so the trail is not read). An entry is a JSON
+-- object {"id": id, "at": server time "<s>.<us>", "event": the event's JSON as a string},
+-- encoded by cjson: the event's own JSON is kept byte for byte (decoding and re-encoding it
+-- in Lua would lose data: cjson turns [] into {} and rounds numbers), and
+-- RedisStore.events() stamps it with `at`.
+local function push_event(id, event, at, fresh)
+  if not fresh then
+    for _, e in ipairs(redis.call('LRANGE', EVENTS, 0, -1)) do
+      if cjson.decode(e).id == id then return end
+    end
   end
   redis.call('RPUSH', EVENTS, cjson.encode({id = id, at = at, event = event}))
 end
 
--- Append an audit entry (see push_event) that the caller knows is not in the trail yet.
-local function append_event(id, event, at)
-  redis.call('RPUSH', EVENTS, cjson.encode({id = id, at = at, event = event}))
-end
-
--- Keep a finished call's keys for `retention` seconds (its result got them with its SET).
-local function retain(retention)
-  for _, key in ipairs({SPEC, ATTEMPTS, EVENTS}) do
-    redis.call('EXPIRE', key, retention)
+-- Write the spec's field, value pairs gathered in `fields`, if any, in one HSET.
+local function write_fields(fields)
+  if #fields > 0 then
+    redis.call('HSET', SPEC, unpack(fields))
   end
-end
-
--- Record the call's one result (`outcome`): set it, free the lease, drop the call from the
--- indexes. Only for a call without a result (so no entry has the id of its result event,
--- which is only ever written with the result, and expires with it).
-local function set_result(outcome, retention)
-  redis.call('SET', RESULT, outcome, 'EX', retention)
-  redis.call('DEL', LEASE)
-  redis.call('ZREM', RUNNING, CALL)
-  redis.call('ZREM', UNCLAIMED, CALL)
 end
 
 -- The spec fields to write for a delivered spec (`json`, `name`, `ikey`, its spec_rank `rank`),
@@ -130,9 +103,7 @@ end
 local function ensure_spec(json, name, ikey, rank, below, now)
   local stored, fields = redis.call('HMGET', SPEC, 'name', 'req'), {}
   merge_fields(fields, json, name, ikey, rank, below, stored[1] or nil, nil, stored[2] or nil, now)
-  if #fields > 0 then
-    redis.call('HSET', SPEC, unpack(fields))
-  end
+  write_fields(fields)
   return not stored[1]
 end
 
@@ -191,23 +162,31 @@ local function apply(i, now, at, fields)
       redis.call('DEL', RECOVERY)  -- claimed: a later crash may be recovered at once
       i = i + 5
     elseif op == 'record' then
+      -- only for a call without a result (so no entry has the id of its result event, which
+      -- is only ever written with the result, and expires with it)
       retention = ARGV[i + 2]
-      set_result(ARGV[i + 1], retention)
+      redis.call('SET', RESULT, ARGV[i + 1], 'EX', retention)
+      redis.call('DEL', LEASE)
+      redis.call('ZREM', RUNNING, CALL)
+      redis.call('ZREM', UNCLAIMED, CALL)
       i = i + 3
     elseif op == 'settle' then
       redis.call('SET', RESULT, ARGV[i + 1], 'KEEPTTL')
       i = i + 2
     elseif op == 'event' then
-      if ARGV[i + 3] == '1' then
-        append_event(ARGV[i + 1], ARGV[i + 2], at)
-      else
-        push_event(ARGV[i + 1], ARGV[i + 2], at)
-      end
+      push_event(ARGV[i + 1], ARGV[i + 2], at, ARGV[i + 3] == '1')
       i = i + 4
     elseif op == 'let_go' then
-      forget(ARGV[i + 1])
-      if holds(ARGV[i + 1]) then
-        drop_lease()
+      -- the holder of the claim `token` lets it go, live or lapsed: a begin with that token no
+      -- longer claims again (lifecycle.CallState.token)
+      local token = ARGV[i + 1]
+      if redis.call('HGET', SPEC, 'token') == token then
+        redis.call('HDEL', SPEC, 'token')
+      end
+      if holds(token) then  -- the call stays in the running index, lapsed for any `now`
+        redis.call('DEL', LEASE)
+        redis.call('HDEL', SPEC, 'token')
+        redis.call('ZADD', RUNNING, 'XX', 0, CALL)
       end
       i = i + 2
     elseif op == 'hand_on' then
@@ -230,11 +209,13 @@ local function apply(i, now, at, fields)
       error('unknown write in a plan: ' .. tostring(op))
     end
   end
-  if #fields > 0 then
-    redis.call('HSET', SPEC, unpack(fields))
-  end
+  write_fields(fields)
+  -- A finished call's keys are kept `retention` seconds (its result got them with its SET);
+  -- after the event: a TTL is kept by RPUSH, not set on a list not yet made.
   if retention then
-    retain(retention)  -- after the event: a TTL is kept by RPUSH, not set on a list not yet made
+    for _, key in ipairs({SPEC, ATTEMPTS, EVENTS}) do
+      redis.call('EXPIRE', key, retention)
+    end
   end
   return expires
 end

@@ -1,8 +1,7 @@
 -- begin.lua: apply lifecycle.plan_begin's writes for a delivery of a call, if the call is in
 -- the state they were planned for (a compare-and-set); else reply the state it is in.
 --
--- KEYS: the call keys of _lib.lua.
--- ARGV[1] call id
+-- KEYS and ARGV[1]: the call keys and the call id (_lib.lua).
 -- ARGV[2] the delivered CallSpec JSON    ARGV[3] its name    ARGV[4] its idempotency key
 -- ARGV[5] its lifecycle.spec_rank   ARGV[6] its lifecycle.replaces_below (the spec is kept as
 --   lifecycle.merge_spec says: merge_fields)
@@ -39,9 +38,7 @@ if not result and ARGV[7] == attempts .. ':' .. handed_on .. ':' .. handed .. ':
   return {1, apply(12, now, at, fields)}
 end
 
-if #fields > 0 then
-  redis.call('HSET', SPEC, unpack(fields))
-end
+write_fields(fields)
 local holder, expires = '', 0
 if live == '1' then
   -- the key expires 1 ms before the lease lapses (_lib.lua's lease_until)

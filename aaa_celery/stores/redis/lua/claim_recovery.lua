@@ -2,8 +2,7 @@
 -- planned in Python for the state it expects), if the call is in that state (a
 -- compare-and-set); else reply the state it is in.
 --
--- KEYS: the call keys of _lib.lua.
--- ARGV[1] call id
+-- KEYS and ARGV[1]: the call keys and the call id (_lib.lua).
 -- ARGV[2] the expected state, "<known>:<result>:<live>:<tries>:<until (ms)>": known 1 if the
 --   call's spec exists, result 1 if it has one, live 1 if a lease holds it, and its recovery
 --   record (tries and until: "0:0" for none)

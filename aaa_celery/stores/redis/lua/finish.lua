@@ -49,7 +49,5 @@ if ARGV[3] == (result or '') and ARGV[4] == attempts and ARGV[5] == name then
   end
   return {1}
 end
-if #fields > 0 then
-  redis.call('HSET', SPEC, unpack(fields))
-end
+write_fields(fields)
 return {0, result, attempts, name}

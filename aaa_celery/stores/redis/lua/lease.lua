@@ -2,8 +2,7 @@
 -- plan_hand_on, plan_fenced, plan_release: store.py's _as_holder packs it), if the call is in
 -- the state the plan was made for (a compare-and-set); else write nothing.
 --
--- KEYS: the call keys of _lib.lua.
--- ARGV[1] call id
+-- KEYS and ARGV[1]: the call keys and the call id (_lib.lua).
 -- ARGV[2] the state the plan was made for: 'holds' (the lease with token ARGV[3] is live and
 --   holds the call), 'known' (the call is known: its spec exists), or '' (any state)
 -- ARGV[3] the lease's token

@@ -1,8 +1,7 @@
 -- purge.lua: retention on demand: apply lifecycle.plan_purge's plan for one call, if the call
 -- is in the state it was planned for (a compare-and-set); else reply the state it is in.
 --
--- KEYS: the call keys of _lib.lua.
--- ARGV[1] call id
+-- KEYS and ARGV[1]: the call keys and the call id (_lib.lua).
 -- ARGV[2] the expected state, "<known>:<result>" (known: 1 if the call's spec exists; result:
 --   1 if it has one)   ARGV[3] when the calls index says it was seen (ms, server clock)
 -- ARGV[4] what to delete: 'call' (every key of the call, each kind of record lifecycle.PURGED

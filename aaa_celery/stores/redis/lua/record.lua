@@ -2,8 +2,7 @@
 -- attempt, if the call is in the state they were planned for (a compare-and-set); else reply
 -- the state it is in.
 --
--- KEYS: the call keys of _lib.lua.
--- ARGV[1] call id
+-- KEYS and ARGV[1]: the call keys and the call id (_lib.lua).
 -- ARGV[2] CallSpec JSON   ARGV[3] name   ARGV[4] idempotency key   ARGV[5] spec_rank and
 --   ARGV[6] replaces_below of the call to register first, as register.lua would; '' '' '' ''
 --   '': a call recovery knows, never registered here
