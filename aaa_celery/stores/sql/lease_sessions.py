@@ -34,7 +34,6 @@ from .pg_driver import (
     UNDEFINED_FUNCTION,
     Transaction,
     fetch_prepared,
-    session_run,
 )
 from .statements import RENEW_LEASE
 
@@ -109,12 +108,11 @@ class LeaseSession:
     a transaction-pooling proxy, refused with :class:`~aaa_celery.errors.UnsafeDeployment`.
     """
 
-    def __init__(self, engine: sa.Engine, errors: tuple[type[BaseException], ...],
-                 held: Callable[[int], bool] | None = None) -> None:
+    def __init__(self, engine: sa.Engine, errors: tuple[type[BaseException], ...], held: Callable[[int], bool]) -> None:
         self.engine = engine
         #: Whether any lease session of the store holds a key (:meth:`LeaseSessions.held`):
         #: a key held by another session of this process is busy here too, never locked twice.
-        self.held: Callable[[int], bool] = held or self.keys_has
+        self.held = held
         #: What a failed statement on the session raises (SQLAlchemy's or the driver's errors).
         self.errors = errors
         self.lock = threading.Lock()
@@ -124,9 +122,6 @@ class LeaseSession:
         #: Whether :meth:`_fast` may call the server-side functions (False: this session found
         #: the database without them).
         self.planned = True
-
-    def keys_has(self, key: int) -> bool:
-        return key in self.keys
 
     def _open(self) -> Connection:
         if self.conn is None:
@@ -159,9 +154,10 @@ class LeaseSession:
         """Run one statement of :mod:`.pg_driver` that also returns the backend pid, on the
         driver (prepared); check the session did not move; return its answer."""
 
-        answer, pid = session_run(self._driver(), statement, params)
-        self._check(pid)
-        return answer
+        row = fetch_prepared(self._driver(), statement, params)
+        assert row is not None
+        self._check(row[1])
+        return row[0]
 
     def try_lock(self, key: int, token: str) -> tuple[bool, str]:
         """Take ``key`` if no session holds it: (got it, the lease token ``<pid>.<token>``,

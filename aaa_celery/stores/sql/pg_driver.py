@@ -138,14 +138,6 @@ def _result(conn: psycopg.Connection[Any], results: list[pq.abc.PGresult], expec
     return result
 
 
-def session_run(conn: Any, statement: str, params: tuple[Any, ...]) -> tuple[Any, int]:
-    """Run one lease-session statement on ``conn`` (a psycopg connection) as a prepared
-    statement: (its answer, the backend pid)."""
-    row = fetch_prepared(conn, statement, params)
-    assert row is not None
-    return row[0], row[1]
-
-
 class Transaction:
     """One write transaction on a pooled connection, in as few round trips as it can: the
     statements are queued, and a read (:meth:`lock_call`, :meth:`event_data`) or the
@@ -214,37 +206,36 @@ class Transaction:
 
 
 @contextmanager
-def transaction(pool: Pool, proxy: PoolProxiedConnection) -> Iterator[Transaction]:
-    """A :class:`Transaction` on ``proxy`` (a pooled connection), committed at the end. A
-    connection whose transaction failed is never handed out again: it is dropped, and when
-    the failure was the connection's (the server went away), so is every pooled connection
-    opened before it (SQLAlchemy's own rule for a disconnect)."""
+def _autocommitted(pool: Pool, proxy: PoolProxiedConnection) -> Iterator[psycopg.Connection[Any]]:
+    """The driver's connection of ``proxy`` (a pooled connection), in autocommit while it is
+    used, then handed back to the pool. A connection whose use failed is never handed out
+    again: it is dropped, and when the failure was the connection's (the server went away),
+    so is every pooled connection opened before it (SQLAlchemy's own rule for a disconnect)."""
     conn: psycopg.Connection[Any] = proxy.driver_connection  # type: ignore[assignment]
     try:
-        conn.autocommit = True  # the transaction's BEGIN and COMMIT travel with its statements
-        tx = Transaction(conn)
-        yield tx
-        tx.commit()
+        conn.autocommit = True
+        yield conn
         conn.autocommit = False
     except BaseException as e:
         drop(pool, proxy, e)
         raise
     proxy.close()
+
+
+@contextmanager
+def transaction(pool: Pool, proxy: PoolProxiedConnection) -> Iterator[Transaction]:
+    """A :class:`Transaction` on ``proxy``, committed at the end (``BEGIN`` and ``COMMIT`` go with its statements)."""
+    with _autocommitted(pool, proxy) as conn:
+        tx = Transaction(conn)
+        yield tx
+        tx.commit()
 
 
 def autocommit(pool: Pool, proxy: PoolProxiedConnection, statement: str, params: tuple[Any, ...]) -> Any:
     """Run one statement alone on a pooled connection (autocommitted: one round trip) and
     return its first row."""
-    conn: psycopg.Connection[Any] = proxy.driver_connection  # type: ignore[assignment]
-    try:
-        conn.autocommit = True
-        row = fetch_prepared(conn, statement, params)
-        conn.autocommit = False
-    except BaseException as e:
-        drop(pool, proxy, e)
-        raise
-    proxy.close()
-    return row
+    with _autocommitted(pool, proxy) as conn:
+        return fetch_prepared(conn, statement, params)
 
 
 def drop(pool: Pool, proxy: PoolProxiedConnection, error: BaseException) -> None:
@@ -350,17 +341,7 @@ class Planned(CallWriter):
         e = event.stamp(self.now)
         self.event = (e.id, e.type, e.attempt, dumps(e.data), e.at)
 
-    def let_go(self, token: str) -> None:
+    def _unplanned(self, *_: Any, **__: Any) -> None:
         raise AssertionError("not a planned write")
 
-    def settle(self, outcome: Outcome) -> None:
-        raise AssertionError("not a planned write")
-
-    def hand_on(self, lease: Lease) -> None:
-        raise AssertionError("not a planned write")
-
-    def checkpoint(self, checkpoint: str) -> None:
-        raise AssertionError("not a planned write")
-
-    def renew(self, lease: Lease) -> None:
-        raise AssertionError("not a planned write")
+    let_go = settle = hand_on = checkpoint = renew = _unplanned

@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -50,8 +50,6 @@ from .pg_driver import (
 from .runs import SQLRuns
 from .statements import INSERT_NEW_CALL, dumps
 from .store import SQLStore, _outcome, call_state, lapsed_event
-
-_DRIVER_ERRORS = (exc.OperationalError, exc.InterfaceError)
 
 #: TCP keepalives on by default: a dead peer must not keep a lease for hours.
 DEFAULT_CONNECT_ARGS: dict[str, Any] = {
@@ -109,6 +107,13 @@ SCHEMA_LOCK_SPACE = int.from_bytes(hashlib.blake2b(b"aaa_celery:schema", digest_
 DB_CLOCK = sa.text("SELECT extract(epoch FROM clock_timestamp())")
 
 
+def _decide_finish(tx: Any, row: Any, spec: CallSpec, lease: Lease, outcome: Outcome, config: GuardConfig,
+                   now: float) -> tuple[Any, Writes]:
+    """Plan the outcome of the locked call and queue the writes on ``tx`` (under the row lock,
+    as ``SQLStore._finish``: the decision still holds when written): their reply, and them."""
+    writes = plan_finish(call_state(row, _outcome(row.outcome), False, None), spec, lease, outcome, config)
+    return apply(writes, tx.writer(lease.call_id, now)), writes
+
 
 def ping_if_idle(engine: sa.Engine, idle_s: float) -> None:
     """Ping a pooled connection before handing it out only if it sat unused over ``idle_s``,
@@ -130,10 +135,6 @@ def ping_if_idle(engine: sa.Engine, idle_s: float) -> None:
                 engine.dialect.do_ping(dbapi_connection)
             except Exception as e:  # any failure: the pool opens another connection
                 raise exc.DisconnectionError(str(e)) from e
-
-
-def _engine_url(url: str) -> sa.URL:
-    return sa.make_url(url).set(drivername="postgresql+psycopg")
 
 
 class PostgresStore(SQLRuns, SQLStore):
@@ -191,11 +192,12 @@ class PostgresStore(SQLRuns, SQLStore):
         #: The columns of each of Celery's result tables named by a copy (none: no such table),
         #: and when they were looked up (:meth:`_result_row`).
         self._result_tables: dict[tuple[str | None, str], tuple[frozenset[str], float]] = {}
-        super().__init__(sa.create_engine(_engine_url(url), connect_args=args, **options), clock or self._db_clock)
+        engine = sa.create_engine(sa.make_url(url).set(drivername="postgresql+psycopg"), connect_args=args, **options)
+        super().__init__(engine, clock or self._db_clock)
         ping_if_idle(self.engine, self.PING_IDLE_S)
 
         #: What wrap_errors turns into StoreUnavailable: SQLAlchemy's and the driver's errors.
-        self._errors = (*_DRIVER_ERRORS, *CONNECTION_ERRORS)
+        self._errors = (exc.OperationalError, exc.InterfaceError, *CONNECTION_ERRORS)
         if not isinstance(lease_sessions, int) or isinstance(lease_sessions, bool) or lease_sessions < 1:
             raise ConfigError(f"postgresql store: lease_sessions must be an int of at least 1, not {lease_sessions!r}: "
                               "the most lease sessions a process opens (default 8; 1 keeps every lease on one)")
@@ -272,14 +274,6 @@ class PostgresStore(SQLRuns, SQLStore):
         lapsed call costs the same however many leases the server holds. A ``begin`` of the call
         while the claim's transaction lasts finds it busy; the claim then republishes it."""
         return not conn.execute(LEASE_FREE, {"key": lock_key(row.call_id)}).scalar_one()
-
-    def _write_one(self) -> AbstractContextManager[Connection]:
-        return self._autocommit()
-
-    @contextmanager
-    def _autocommit(self) -> Iterator[Connection]:
-        with wrap_errors(self.kind, *self._errors), self.engine.connect() as conn:
-            yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def _apply(self, conn: Connection, writes: Writes, call_id: str, now: float) -> Any:
         """Send the writes and the ``COMMIT`` in one round trip (a psycopg pipeline): none of
@@ -415,17 +409,13 @@ class PostgresStore(SQLRuns, SQLStore):
         """Record the outcome (:meth:`SQLStore.finish`). When a lease session of this process holds
         the lease, the transaction runs there (after any other thread's statement on it) and
         gives the lock back in the same step; else on a pooled connection."""
-
-
         name = self._recall(lease.call_id)
         result_row = self._result_row(copy) if outcome.ok else None
         sent: list[bool] = []  # the row went with the function's call, and nothing decided after it
 
         def decide(tx: Any, row: Any, spec: CallSpec, got: bool, lease_token: str, now: float) -> tuple[Any, bool]:
             sent.clear()  # the function wrote nothing
-            state = call_state(row, _outcome(row.outcome), False, None)
-            writes = plan_finish(state, spec, lease, outcome, config)
-            finished = apply(writes, tx.writer(lease.call_id, now))
+            finished, writes = _decide_finish(tx, row, spec, lease, outcome, config, now)
             if result_row is not None and isinstance(finished, Accepted) and writes.record is not None:
                 statement, params = insert_result_row(result_row)
                 tx.queue(statement, *params)
@@ -470,8 +460,7 @@ class PostgresStore(SQLRuns, SQLStore):
             return None
         known = self._result_tables.get(row.table)
         if known is None or (not known[0] and time.monotonic() - known[1] > self.RESULT_TABLE_RECHECK_S):
-
-            with wrap_errors(self.kind, *self._errors), self._read() as conn:
+            with self._read() as conn:
                 names = conn.execute(sa.text(
                     "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(:name) AND attnum > 0"
                     " AND NOT attisdropped"), {"name": quoted_name(*row.table)}).scalars()
@@ -487,16 +476,8 @@ class PostgresStore(SQLRuns, SQLStore):
         with self._transaction() as tx:
             now = self.now()
             row, spec = tx.lock_call(CallSpec(lease.call_id), now)
-            return self._decide_finish(tx, row, spec, lease, outcome, config, now)
-
-    @staticmethod
-    def _decide_finish(tx: Any, row: Any, spec: CallSpec, lease: Lease, outcome: Outcome, config: GuardConfig,
-                       now: float) -> FinishResult:
-        # under the row lock, as SQLStore._finish: the decision still holds when written
-        state = call_state(row, _outcome(row.outcome), False, None)
-        finished: FinishResult = apply(plan_finish(state, spec, lease, outcome, config),
-                                       tx.writer(lease.call_id, now))
-        return finished
+            finished: FinishResult = _decide_finish(tx, row, spec, lease, outcome, config, now)[0]
+            return finished
 
     def _let_go(self, lease: Lease) -> None:
         self._sessions.unlock(lock_key(lease.call_id), lease.token)

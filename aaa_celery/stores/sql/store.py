@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection, Row
 
 from ...config import GuardConfig
 from ...errors import StoreUnavailable
-from ...lifecycle import (BeginResult, CallSpec, CallState, Checkpoint, Draft, Event, FinishResult, Lease, Outcome,
+from ...lifecycle import (CallSpec, CallState, Checkpoint, Draft, Event, FinishResult, Lease, Outcome,
                           RecordKind, Writes, joined, held_by, lost_cause_event, plan_begin,
                           plan_checkpoint, plan_fenced, plan_finish, plan_hand_on, plan_record, plan_resolve,
                           plan_recovery_claim, plan_release, plan_renew, plan_settle, lapsed, plan_slot, plan_spend,
@@ -122,11 +122,6 @@ class SQLStore(Store):
     def _let_go(self, lease: Lease) -> None:  # noqa: B027 - optional hook
         """Free what the backend holds for ``lease`` outside the tables (after commit)."""
 
-    def _write_one(self) -> AbstractContextManager[Connection]:
-        """A connection for one statement that needs no transaction around it (PostgreSQL:
-        autocommit, which saves the ``BEGIN`` and ``COMMIT`` round trips)."""
-        return self._write()
-
     # Schema versions (versions.py).
 
     def schema_version(self) -> StoreVersion:
@@ -162,23 +157,6 @@ class SQLStore(Store):
         lapsed = lapsed_event(row, result, holder_live) if cause else None
         data = SELECT_EVENT_DATA.execute(conn, (lapsed,)).scalar_one_or_none() if lapsed else None
         return call_state(row, result, holder_live, data)
-
-    def _begin(
-        self,
-        conn: Connection,
-        row: Row[Any],
-        spec: CallSpec,
-        worker: str,
-        config: GuardConfig,
-        now: float,
-        holder_live: bool,
-        token: str,
-    ) -> BeginResult:
-        """Decide a delivery of the locked call and write the decision; a claim's
-        lease gets ``token`` (and an expiry if the backend's leases have a TTL)."""
-        writes = self._begin_writes(self._state(conn, row, holder_live), spec, worker, config, now, token)
-        begun: BeginResult = self._apply(conn, writes, row.call_id, now)
-        return begun
 
     def _begin_writes(self, state: CallState, spec: CallSpec, worker: str, config: GuardConfig, now: float,
                       token: str) -> Writes:
@@ -281,7 +259,7 @@ class SQLStore(Store):
 
     def register(self, call: CallSpec) -> None:
         now = self.now()
-        with self._write_one() as conn:  # a new call: one statement
+        with self._write() as conn:  # a new call: one statement
             args = INSERT_NEW_CALL.args(call_id=call.call_id, spec=dumps(call.__dict__), now=now)
             if INSERT_NEW_CALL.execute(conn, args).first() is not None:
                 return
