@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -97,21 +97,16 @@ class LeaseSession:
     A claim costs one statement here (no connection opened per call; with
     :meth:`transaction`, none of its own: it rides in the claim's first query) and N running
     calls need a few server backends, not N. Threads take turns on it (:attr:`lock`); one
-    that finds it busy tries another session. The keys it
-    holds are kept in :attr:`keys` (key -> lease token): advisory locks are re-entrant
-    within a session, so a second delivery of a running call in the same process must
-    read as busy here (:attr:`held`: a key any session of the store holds), before the
-    server would grant the lock a second time.
-
-    A session that fails is dropped with every lock it held; the next claim opens another.
-    Each statement also returns ``pg_backend_pid()``: a pid that changes on one connection is
-    a transaction-pooling proxy, refused with :class:`~aaa_celery.errors.UnsafeDeployment`.
+    that finds it busy tries another session. The keys it holds are kept in :attr:`keys`
+    (key -> lease token): advisory locks are re-entrant within a session, so a second
+    delivery of a running call in the same process must read as busy (:attr:`held`) before
+    the server would grant the lock a second time. A session that fails is dropped with
+    every lock it held; the next claim opens another.
     """
 
     def __init__(self, engine: sa.Engine, errors: tuple[type[BaseException], ...], held: Callable[[int], bool]) -> None:
         self.engine = engine
-        #: Whether any lease session of the store holds a key (:meth:`LeaseSessions.held`):
-        #: a key held by another session of this process is busy here too, never locked twice.
+        #: Whether any lease session of the store holds a key (:meth:`LeaseSessions.held`).
         self.held = held
         #: What a failed statement on the session raises (SQLAlchemy's or the driver's errors).
         self.errors = errors
@@ -394,8 +389,7 @@ class LeaseSessions:
     A lease stays on the session that took it: ``finish``, ``renew`` and the unlock find that
     session by the key it holds for the lease's token (at most ``most`` dictionaries looked
     at; a dropped session forgot only its own keys). A key held by any session of the store
-    reads as busy on every one (:meth:`held`): advisory locks are re-entrant only within one
-    session, and the server refuses a key another session holds.
+    reads as busy on every one (:meth:`held`): the server refuses a key another session holds.
     """
 
     #: How many leases a session takes before new claims go to another one.
@@ -437,27 +431,21 @@ class LeaseSessions:
         """:meth:`LeaseSession.transaction` on the session that holds the lease (``finish``,
         waiting for it), or (``begin``) on a free one under :attr:`CAP`, else a new one, else
         the least loaded free one; None when there is none (the caller takes the pooled path)."""
-        if not take:
-            session = self.holder(key, token)
-            done = None if session is None else session.transaction(key, token, call, clock, decide, take=False,
-                                                                     fast=fast)
-        else:
-            done = None
-            for under_cap in (True, False):
-                # over the cap with every session open: the least loaded first
-                for session in self.sessions if under_cap else sorted(self.sessions, key=lambda s: len(s.keys)):
-                    if under_cap and len(session.keys) >= self.CAP:
-                        continue
-                    done = session.transaction(key, token, call, clock, decide, take=True, fast=fast)
-                    if done is not None:
-                        return done
-                if under_cap and (session := self._opened()) is not None:
-                    done = session.transaction(key, token, call, clock, decide, take=True, fast=fast)
-                    if done is not None:
-                        return done
-        if done is None:
-            self.fallbacks += 1
-        return done
+        for session in self._claimable() if take else filter(None, [self.holder(key, token)]):
+            done = session.transaction(key, token, call, clock, decide, take=take, fast=fast)
+            if done is not None:
+                return done
+        self.fallbacks += 1
+        return None
+
+    def _claimable(self) -> Iterator[LeaseSession]:
+        """The sessions a claim tries, in turn: those under :attr:`CAP`, a new one, then (over
+        the cap with every session open) all, the least loaded first."""
+        yield from (s for s in self.sessions if len(s.keys) < self.CAP)
+        session = self._opened()
+        if session is not None:
+            yield session
+        yield from sorted(self.sessions, key=lambda s: len(s.keys))
 
     def try_lock(self, key: int, token: str) -> tuple[bool, str]:
         """:meth:`LeaseSession.try_lock` on the session holding the fewest leases (waiting for it)."""
