@@ -248,13 +248,8 @@ def drop(pool: Pool, proxy: PoolProxiedConnection, error: BaseException) -> None
     proxy.close()
 
 
-# -- One round trip: the plan for the state a call is expected in, applied only in it ------
-#
-# A server-side function of :mod:`.pg_functions` per operation, called as one prepared,
-# autocommitted statement: it locks the call's row, compares it with the state the plan was
-# made for, and makes the plan's writes only if it matches. The reply says which; a call in
-# another state wrote nothing, and is planned again from its row, in a transaction of its own
-# (:meth:`.lease_sessions.LeaseSession.transaction`).
+# -- One round trip: the plan for the state a call is expected in, applied only in it by a
+# function of :mod:`.pg_functions` (called as one prepared, autocommitted statement) --------
 
 #: :func:`.pg_functions.BEGIN_PLANNED`'s call: (key, call_id, spec JSON or None, name, key,
 #: no request, spec JSON to register with or None, now; attempt, token, worker, hint; the

@@ -78,12 +78,9 @@ LEASE_STILL_HELD = sa.text(
     """
 )
 
-#: Whether no session holds a call's lease: a shared lock on its key is granted only then. It
-#: is held until the transaction ends, so no ``begin`` can claim the call before it commits.
-#: One lock looked at, where ``pg_locks`` copies the server's whole lock table.
-LEASE_FREE = sa.text("SELECT pg_try_advisory_xact_lock_shared(:key)")
-
-#: The keys among ``keys`` that a session holds (:data:`LEASE_FREE` of each, in one statement).
+#: The keys among ``keys`` that a session holds: a shared lock on a key is granted only when
+#: none does. It is held until the transaction ends, so no ``begin`` can claim the call before
+#: it commits. Only these locks are looked at, where ``pg_locks`` copies the server's whole lock table.
 LEASE_HELD_AMONG = sa.text(
     "SELECT k FROM unnest(CAST(:keys AS bigint[])) AS k WHERE NOT pg_try_advisory_xact_lock_shared(k)")
 
@@ -260,20 +257,15 @@ class PostgresStore(SQLRuns, SQLStore):
         return {r.call_id for r in rows if key_halves(lock_key(r.call_id)) in held}
 
     def _live_swept(self, rows: Sequence[Row[Any]], now: float, conn: Connection) -> set[str]:
-        """The swept rows whose lock a session holds, each lock asked by its key
-        (:data:`LEASE_HELD_AMONG`), never ``pg_locks``' copy of every lock: the sweep read only
-        the rows whose sweep hint lapsed, so this costs as many probes as those rows. Each
-        probe's shared lock lasts until the sweep's read ends: a ``begin`` of a listed call
-        meanwhile finds it busy and is delivered again (as :meth:`_holder_live`'s)."""
+        """The rows whose lock a session holds, each lock asked by its key (:data:`LEASE_HELD_AMONG`),
+        never ``pg_locks``' copy of every lock: the sweep read only the rows whose sweep hint
+        lapsed, and a recovery claim asks one, so this costs as many probes as those rows however
+        many leases the server holds. Each probe's shared lock lasts until the read (or the
+        claim's transaction) ends: a ``begin`` of the call meanwhile finds it busy, and the call
+        is republished."""
         keys = {lock_key(r.call_id): r.call_id for r in rows}
         held = conn.execute(LEASE_HELD_AMONG, {"keys": list(keys)}).scalars()
         return {keys[k] for k in held}
-
-    def _holder_live(self, conn: Connection, row: Row[Any], now: float) -> bool:
-        """One lease, probed by its key (:data:`LEASE_FREE`): what a recovery claim asks of each
-        lapsed call costs the same however many leases the server holds. A ``begin`` of the call
-        while the claim's transaction lasts finds it busy; the claim then republishes it."""
-        return not conn.execute(LEASE_FREE, {"key": lock_key(row.call_id)}).scalar_one()
 
     def _apply(self, conn: Connection, writes: Writes, call_id: str, now: float) -> Any:
         """Send the writes and the ``COMMIT`` in one round trip (a psycopg pipeline): none of

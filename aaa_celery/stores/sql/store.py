@@ -106,14 +106,9 @@ class SQLStore(Store):
         """The call ids among ``rows`` whose lease is live."""
 
     def _live_swept(self, rows: Sequence[Row[Any]], now: float, conn: Connection) -> set[str]:
-        """:meth:`_live` of the rows a recovery sweep read (a backend may ask their leases
-        alone, instead of :meth:`_live`'s view of every lease)."""
+        """:meth:`_live` of the rows a recovery sweep read, or of the one a recovery claim
+        locked (a backend may ask their leases alone, instead of :meth:`_live`'s view of every lease)."""
         return self._live(rows, now, conn)
-
-    def _holder_live(self, conn: Connection, row: Row[Any], now: float) -> bool:
-        """Whether the lease of one locked call row is live (a backend may look at that one
-        lease alone, instead of :meth:`_live`'s view of every lease)."""
-        return row.call_id in self._live([row], now, conn)
 
     def _lock_schema(self, conn: Connection) -> None:  # noqa: B027 - optional hook
         """Keep other processes from creating or upgrading the schema until ``conn``'s
@@ -285,7 +280,7 @@ class SQLStore(Store):
             claim = plan_recovery_claim(state, count, held_until, now, hold_s, max_hold_s)
             # planned for a lease not live; the lease is looked at last, and only for a claim the
             # plan would make (most sweeps find the call held by an earlier republish)
-            if claim is not None and row is not None and self._holder_live(conn, row, now):
+            if claim is not None and row is not None and row.call_id in self._live_swept([row], now, conn):
                 assert state is not None
                 claim = plan_recovery_claim(replace(state, holder_live=True), count, held_until, now, hold_s,
                                             max_hold_s)
