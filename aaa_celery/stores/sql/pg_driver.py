@@ -29,7 +29,6 @@ import psycopg
 from psycopg import generators, pq
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.rows import namedtuple_row
-from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import Pool, PoolProxiedConnection
 
 from ...lifecycle import CallSpec, Draft, Lease, Outcome, Writes, sweep_hint
@@ -217,7 +216,11 @@ def _autocommitted(pool: Pool, proxy: PoolProxiedConnection) -> Iterator[psycopg
         yield conn
         conn.autocommit = False
     except BaseException as e:
-        drop(pool, proxy, e)
+        if isinstance(e, CONNECTION_ERRORS) or conn.broken:
+            pool._invalidate(proxy, e)  # noqa: SLF001 - what SQLAlchemy does on a disconnect
+        else:
+            proxy.invalidate(e)
+        proxy.close()
         raise
     proxy.close()
 
@@ -236,16 +239,6 @@ def autocommit(pool: Pool, proxy: PoolProxiedConnection, statement: str, params:
     return its first row."""
     with _autocommitted(pool, proxy) as conn:
         return fetch_prepared(conn, statement, params)
-
-
-def drop(pool: Pool, proxy: PoolProxiedConnection, error: BaseException) -> None:
-    """Throw away a pooled connection after ``error`` (all older ones too if it broke)."""
-    conn: DBAPIConnection = proxy.driver_connection  # type: ignore[assignment]
-    if isinstance(error, CONNECTION_ERRORS) or getattr(conn, "broken", False):
-        pool._invalidate(proxy, error)  # noqa: SLF001 - what SQLAlchemy does on a disconnect
-    else:
-        proxy.invalidate(error)
-    proxy.close()
 
 
 # -- One round trip: the plan for the state a call is expected in, applied only in it by a
