@@ -148,7 +148,6 @@ class LeaseSession:
     def _run(self, statement: str, params: tuple[Any, ...]) -> Any:
         """Run one statement of :mod:`.pg_driver` that also returns the backend pid, on the
         driver (prepared); check the session did not move; return its answer."""
-
         row = fetch_prepared(self._driver(), statement, params)
         assert row is not None
         self._check(row[1])
@@ -157,7 +156,6 @@ class LeaseSession:
     def try_lock(self, key: int, token: str) -> tuple[bool, str]:
         """Take ``key`` if no session holds it: (got it, the lease token ``<pid>.<token>``,
         with this session's backend pid). A key this session holds already is busy."""
-
         with self.lock:
             if self.held(key):  # held by this process, if the session still lives
                 try:
@@ -227,7 +225,6 @@ class LeaseSession:
         to ``0004``: remembered for this session), or the session failed (dropped, with its
         locks: the transaction runs on a new one; a claim that landed is claimed again by its
         token)."""
-
         if not self.planned:
             return None
         try:
@@ -264,7 +261,6 @@ class LeaseSession:
                      got: bool | None) -> Any:
         """:meth:`transaction`'s two round trips; ``got``: whether a begin holds the lock
         already (None: take it in the first query)."""
-
         for retry in (True, False):
             here = take and self.held(key)  # a begin of a call this process holds: busy, no lock taken
             first = None if not take or got is not None else (SESSION_PID, ()) if here else (TRY_LEASE_LOCK, (key,))
@@ -305,7 +301,6 @@ class LeaseSession:
     def _failed(self, error: BaseException, key: int, take: bool, took: bool) -> None:
         """After a failed transaction: roll back, and give the lock of ``key`` back if a begin
         ``took`` it, or if a finish failed otherwise than by the store being unreachable."""
-
         release = took if take else not isinstance(error, CONNECTION_ERRORS)
         self._abort(key if release else None)
         if release and not take:
@@ -330,7 +325,6 @@ class LeaseSession:
     def _abort(self, key: int | None) -> None:
         """Roll the session's transaction back and give ``key`` back (if not None and held);
         a session that cannot is dropped, with its locks."""
-
         if self._broken():
             self._drop()
             return
@@ -343,7 +337,6 @@ class LeaseSession:
 
     def unlock(self, key: int, token: str) -> None:
         """Give ``key`` back if this session holds it for ``token``."""
-
         with self.lock:
             if self.keys.get(key) != token:
                 return  # not ours, or gone with a session that ended
@@ -357,7 +350,6 @@ class LeaseSession:
         """Whether this session still holds ``key`` for ``token``, and the call's row still
         names ``token``: the session answers (with its pid, :data:`.pg_driver.RENEW_OWN_LEASE`),
         and moves the row's sweep hint on to ``hint`` if it does."""
-
         with self.lock:
             if self.keys.get(key) != token:
                 return False

@@ -285,7 +285,6 @@ class PostgresStore(SQLRuns, SQLStore):
         driver for a new call. A pooled connection that turns out dead (pinged only after
         :attr:`PING_IDLE_S` unused) is retried once on a new one: the insert is idempotent,
         and a call sent unregistered could not be recovered if its message were lost."""
-
         now = self.now()
         for retry in (True, False):
             try:
@@ -305,7 +304,6 @@ class PostgresStore(SQLRuns, SQLStore):
     @contextmanager
     def _transaction(self) -> Iterator[Any]:
         """A write transaction on the driver (:class:`.pg_driver.Transaction`), one pipeline."""
-
         with wrap_errors(self.kind, *self._errors), transaction(self.engine.pool, self.engine.raw_connection()) as tx:
             yield tx
 
@@ -315,7 +313,6 @@ class PostgresStore(SQLRuns, SQLStore):
         and the row travel in one query and the writes, with the unlock of a lock not kept,
         in the ``COMMIT``'s (:meth:`LeaseSession.transaction`); else the lock is taken on the
         session and the row written on a pooled connection."""
-
         key, token = lock_key(call.call_id), token or new_token()
 
         def decide(tx: Any, row: Any, spec: CallSpec, got: bool, lease_token: str, now: float) -> tuple[Any, bool]:
@@ -374,7 +371,6 @@ class PostgresStore(SQLRuns, SQLStore):
         """``writes`` as the server-side function of ``begin`` (else ``finish``) takes them
         (:class:`.pg_driver.Planned`, with the plan's ``reply``), or None for writes it does
         not make."""
-
         if not Planned.takes(writes, begin):
             return None
         planned = Planned(call_id, now)
