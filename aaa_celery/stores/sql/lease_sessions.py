@@ -1,15 +1,12 @@
 """The PostgreSQL store's lease sessions: where a lease is a session-level advisory lock.
 
 A lease is ``pg_try_advisory_lock(key)``, ``key`` a stable 64-bit hash of the call id
-(:func:`lock_key`), taken on one of the store's few lease sessions: autocommit connections
-kept out of the pool (:class:`LeaseSession`). A claim goes to a session that no other
-thread is using and that holds fewer than ``LeaseSessions.CAP`` leases; another is opened
-when none is, up to ``lease_sessions`` (:class:`LeaseSessions`), and the lease stays on it.
-``begin`` and ``finish`` run on the lease's session too (:meth:`LeaseSession.transaction`).
-Every statement on a session also returns ``pg_backend_pid()``: a session that changes
-under one connection is a transaction-pooling proxy (:func:`check_session_pinned`), refused
-with :class:`~aaa_celery.errors.UnsafeDeployment`. :mod:`.postgres` says what the store
-does with them.
+(:func:`lock_key`), taken on one of the store's few lease sessions (:class:`LeaseSessions`
+says which), where it stays; ``begin`` and ``finish`` run there too
+(:meth:`LeaseSession.transaction`). Every statement on a session also returns
+``pg_backend_pid()``: a session that changes under one connection is a transaction-pooling
+proxy (:func:`check_session_pinned`), refused with :class:`~aaa_celery.errors.UnsafeDeployment`.
+:mod:`.postgres` says what the store does with them.
 """
 
 from __future__ import annotations
@@ -90,9 +87,7 @@ Plan = Callable[[str, float], tuple[Any, tuple[str, tuple[Any, ...]]] | None]
 
 
 class LeaseSession:
-    """One database session that holds leases of this store (one of :class:`LeaseSessions`):
-    an autocommit connection kept out of the pool, on which each lease is a session-level
-    advisory lock.
+    """One lease session (of :class:`LeaseSessions`): an autocommit connection kept out of the pool.
 
     A claim costs one statement here (no connection opened per call; with
     :meth:`transaction`, none of its own: it rides in the claim's first query) and N running

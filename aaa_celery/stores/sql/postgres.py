@@ -308,11 +308,9 @@ class PostgresStore(SQLRuns, SQLStore):
             yield tx
 
     def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
-        """Decide a delivery. On a free lease session (:meth:`LeaseSessions.transaction`) in one
-        statement if the call is as planned (:meth:`LeaseSession._fast`), else the lock
-        and the row travel in one query and the writes, with the unlock of a lock not kept,
-        in the ``COMMIT``'s (:meth:`LeaseSession.transaction`); else the lock is taken on the
-        session and the row written on a pooled connection."""
+        """Decide a delivery on a free lease session (:meth:`LeaseSessions.transaction`: one
+        statement if the call is as planned, else two round trips); when none is free, the lock
+        is taken on a session and the row written on a pooled connection."""
         key, token = lock_key(call.call_id), token or new_token()
 
         def decide(tx: Any, row: Any, spec: CallSpec, got: bool, lease_token: str, now: float) -> tuple[Any, bool]:
