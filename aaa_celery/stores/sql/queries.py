@@ -33,10 +33,10 @@ def lapsed_at(expires_at: sa.ColumnElement[Any], now: float) -> sa.ColumnElement
     return sa.or_(expires_at.is_(None), expires_at <= now)
 
 
-def select_call_for_update(call_id: str, *extra: sa.ColumnElement[Any]) -> sa.Select[Any]:
+def select_call_for_update(call_id: str) -> sa.Select[Any]:
     """Read a call's row and lock it until the transaction ends (SQLite: the
     ``BEGIN IMMEDIATE`` write lock already serializes, ``FOR UPDATE`` renders as nothing)."""
-    return sa.select(calls, *extra).where(calls.c.call_id == call_id).with_for_update()
+    return sa.select(calls).where(calls.c.call_id == call_id).with_for_update()
 
 
 def select_result(call_id: str) -> sa.Select[Any]:

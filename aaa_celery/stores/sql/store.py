@@ -41,8 +41,6 @@ from . import versions
 from .statements import INSERT_NEW_CALL, SQLWriter, SELECT_EVENT_DATA, Statement, dumps, lock_call
 from .schema import calls, checkpoints, events, recoveries, results
 
-# -- The store -------------------------------------------------------------------------
-
 #: The table of each kind of record lifecycle.PURGED names, in the order a purge deletes them.
 _TABLES = {"call": calls, "result": results, "events": events, "checkpoint": checkpoints, "recovery": recoveries}
 
