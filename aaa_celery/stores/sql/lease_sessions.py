@@ -179,10 +179,9 @@ class LeaseSession:
 
         ``take`` (``begin``): try the lock of ``key`` in the transaction's first query, as
         ``SELECT pg_try_advisory_lock(key), pg_backend_pid(); BEGIN; SELECT ... FOR UPDATE``;
-        ``decide(tx, row, spec, got, lease_token, now)`` plans and queues the writes and says
-        whether the lock is kept; the writes go with the ``COMMIT``, and with them the unlock
-        of a lock not kept. Else (``finish``): only if this session holds ``key`` for
-        ``token``; the transaction's ``COMMIT`` query gives the lock back. Two round trips.
+        the writes ``decide`` queues go with the ``COMMIT``, and with them the unlock of a lock
+        not kept. Else (``finish``): only if this session holds ``key`` for ``token``; the
+        transaction's ``COMMIT`` query gives the lock back. Two round trips.
 
         A session that fails is dropped (its locks with it), retried once if it failed at
         the first query (which writes nothing). Any other failure rolls back and gives back
@@ -212,10 +211,8 @@ class LeaseSession:
 
     def _fast(self, key: int, token: str, call_id: str, now: float, take: bool,
               fast: Plan) -> tuple[bool, Any, bool] | None:
-        """The operation as one statement: the server-side function (:mod:`.pg_functions`)
-        that (takes a begin's lock,) locks the row, compares it with the state ``fast`` planned
-        for, and makes the plan's writes only if it matches (, and gives a finish's lock back).
-        (Whether it matched, the plan's reply, whether a begin's lock was granted), or None if
+        """The operation as one statement, the function of :mod:`.pg_functions` given what ``fast``
+        planned: (whether it matched, the plan's reply, whether a begin's lock was granted), or None if
         ``fast`` has no plan to send this way, the database lacks the functions (not migrated
         to ``0004``: remembered for this session), or the session failed (dropped, with its
         locks: the transaction runs on a new one; a claim that landed is claimed again by its
