@@ -1,15 +1,12 @@
 """The PostgreSQL store's lease sessions: where a lease is a session-level advisory lock.
 
 A lease is ``pg_try_advisory_lock(key)``, ``key`` a stable 64-bit hash of the call id
-(:func:`lock_key`), taken on one of the store's few lease sessions: autocommit connections
-kept out of the pool (:class:`LeaseSession`). A claim goes to a session that no other
-thread is using and that holds fewer than ``LeaseSessions.CAP`` leases; another is opened
-when none is, up to ``lease_sessions`` (:class:`LeaseSessions`), and the lease stays on it.
-``begin`` and ``finish`` run on the lease's session too (:meth:`LeaseSession.transaction`).
-Every statement on a session also returns ``pg_backend_pid()``: a session that changes
-under one connection is a transaction-pooling proxy (:func:`check_session_pinned`), refused
-with :class:`~aaa_celery.errors.UnsafeDeployment`. :mod:`.postgres` says what the store
-does with them.
+(:func:`lock_key`), taken on one of the store's few lease sessions (:class:`LeaseSessions`
+says which), where it stays; ``begin`` and ``finish`` run there too
+(:meth:`LeaseSession.transaction`). Every statement on a session also returns
+``pg_backend_pid()``: a session that changes under one connection is a transaction-pooling
+proxy (:func:`check_session_pinned`), refused with :class:`~aaa_celery.errors.UnsafeDeployment`.
+:mod:`.postgres` says what the store does with them.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -34,7 +31,6 @@ from .pg_driver import (
     UNDEFINED_FUNCTION,
     Transaction,
     fetch_prepared,
-    session_run,
 )
 from .statements import RENEW_LEASE
 
@@ -91,30 +87,22 @@ Plan = Callable[[str, float], tuple[Any, tuple[str, tuple[Any, ...]]] | None]
 
 
 class LeaseSession:
-    """One database session that holds leases of this store (one of :class:`LeaseSessions`):
-    an autocommit connection kept out of the pool, on which each lease is a session-level
-    advisory lock.
+    """One lease session (of :class:`LeaseSessions`): an autocommit connection kept out of the pool.
 
     A claim costs one statement here (no connection opened per call; with
     :meth:`transaction`, none of its own: it rides in the claim's first query) and N running
     calls need a few server backends, not N. Threads take turns on it (:attr:`lock`); one
-    that finds it busy tries another session. The keys it
-    holds are kept in :attr:`keys` (key -> lease token): advisory locks are re-entrant
-    within a session, so a second delivery of a running call in the same process must
-    read as busy here (:attr:`held`: a key any session of the store holds), before the
-    server would grant the lock a second time.
-
-    A session that fails is dropped with every lock it held; the next claim opens another.
-    Each statement also returns ``pg_backend_pid()``: a pid that changes on one connection is
-    a transaction-pooling proxy, refused with :class:`~aaa_celery.errors.UnsafeDeployment`.
+    that finds it busy tries another session. The keys it holds are kept in :attr:`keys`
+    (key -> lease token): advisory locks are re-entrant within a session, so a second
+    delivery of a running call in the same process must read as busy (:attr:`held`) before
+    the server would grant the lock a second time. A session that fails is dropped with
+    every lock it held; the next claim opens another.
     """
 
-    def __init__(self, engine: sa.Engine, errors: tuple[type[BaseException], ...],
-                 held: Callable[[int], bool] | None = None) -> None:
+    def __init__(self, engine: sa.Engine, errors: tuple[type[BaseException], ...], held: Callable[[int], bool]) -> None:
         self.engine = engine
-        #: Whether any lease session of the store holds a key (:meth:`LeaseSessions.held`):
-        #: a key held by another session of this process is busy here too, never locked twice.
-        self.held: Callable[[int], bool] = held or self.keys_has
+        #: Whether any lease session of the store holds a key (:meth:`LeaseSessions.held`).
+        self.held = held
         #: What a failed statement on the session raises (SQLAlchemy's or the driver's errors).
         self.errors = errors
         self.lock = threading.Lock()
@@ -124,9 +112,6 @@ class LeaseSession:
         #: Whether :meth:`_fast` may call the server-side functions (False: this session found
         #: the database without them).
         self.planned = True
-
-    def keys_has(self, key: int) -> bool:
-        return key in self.keys
 
     def _open(self) -> Connection:
         if self.conn is None:
@@ -158,15 +143,14 @@ class LeaseSession:
     def _run(self, statement: str, params: tuple[Any, ...]) -> Any:
         """Run one statement of :mod:`.pg_driver` that also returns the backend pid, on the
         driver (prepared); check the session did not move; return its answer."""
-
-        answer, pid = session_run(self._driver(), statement, params)
-        self._check(pid)
-        return answer
+        row = fetch_prepared(self._driver(), statement, params)
+        assert row is not None
+        self._check(row[1])
+        return row[0]
 
     def try_lock(self, key: int, token: str) -> tuple[bool, str]:
         """Take ``key`` if no session holds it: (got it, the lease token ``<pid>.<token>``,
         with this session's backend pid). A key this session holds already is busy."""
-
         with self.lock:
             if self.held(key):  # held by this process, if the session still lives
                 try:
@@ -195,10 +179,9 @@ class LeaseSession:
 
         ``take`` (``begin``): try the lock of ``key`` in the transaction's first query, as
         ``SELECT pg_try_advisory_lock(key), pg_backend_pid(); BEGIN; SELECT ... FOR UPDATE``;
-        ``decide(tx, row, spec, got, lease_token, now)`` plans and queues the writes and says
-        whether the lock is kept; the writes go with the ``COMMIT``, and with them the unlock
-        of a lock not kept. Else (``finish``): only if this session holds ``key`` for
-        ``token``; the transaction's ``COMMIT`` query gives the lock back. Two round trips.
+        the writes ``decide`` queues go with the ``COMMIT``, and with them the unlock of a lock
+        not kept. Else (``finish``): only if this session holds ``key`` for ``token``; the
+        transaction's ``COMMIT`` query gives the lock back. Two round trips.
 
         A session that fails is dropped (its locks with it), retried once if it failed at
         the first query (which writes nothing). Any other failure rolls back and gives back
@@ -228,15 +211,12 @@ class LeaseSession:
 
     def _fast(self, key: int, token: str, call_id: str, now: float, take: bool,
               fast: Plan) -> tuple[bool, Any, bool] | None:
-        """The operation as one statement: the server-side function (:mod:`.pg_functions`)
-        that (takes a begin's lock,) locks the row, compares it with the state ``fast`` planned
-        for, and makes the plan's writes only if it matches (, and gives a finish's lock back).
-        (Whether it matched, the plan's reply, whether a begin's lock was granted), or None if
+        """The operation as one statement, the function of :mod:`.pg_functions` given what ``fast``
+        planned: (whether it matched, the plan's reply, whether a begin's lock was granted), or None if
         ``fast`` has no plan to send this way, the database lacks the functions (not migrated
         to ``0004``: remembered for this session), or the session failed (dropped, with its
         locks: the transaction runs on a new one; a claim that landed is claimed again by its
         token)."""
-
         if not self.planned:
             return None
         try:
@@ -273,7 +253,6 @@ class LeaseSession:
                      got: bool | None) -> Any:
         """:meth:`transaction`'s two round trips; ``got``: whether a begin holds the lock
         already (None: take it in the first query)."""
-
         for retry in (True, False):
             here = take and self.held(key)  # a begin of a call this process holds: busy, no lock taken
             first = None if not take or got is not None else (SESSION_PID, ()) if here else (TRY_LEASE_LOCK, (key,))
@@ -314,7 +293,6 @@ class LeaseSession:
     def _failed(self, error: BaseException, key: int, take: bool, took: bool) -> None:
         """After a failed transaction: roll back, and give the lock of ``key`` back if a begin
         ``took`` it, or if a finish failed otherwise than by the store being unreachable."""
-
         release = took if take else not isinstance(error, CONNECTION_ERRORS)
         self._abort(key if release else None)
         if release and not take:
@@ -339,7 +317,6 @@ class LeaseSession:
     def _abort(self, key: int | None) -> None:
         """Roll the session's transaction back and give ``key`` back (if not None and held);
         a session that cannot is dropped, with its locks."""
-
         if self._broken():
             self._drop()
             return
@@ -352,7 +329,6 @@ class LeaseSession:
 
     def unlock(self, key: int, token: str) -> None:
         """Give ``key`` back if this session holds it for ``token``."""
-
         with self.lock:
             if self.keys.get(key) != token:
                 return  # not ours, or gone with a session that ended
@@ -366,7 +342,6 @@ class LeaseSession:
         """Whether this session still holds ``key`` for ``token``, and the call's row still
         names ``token``: the session answers (with its pid, :data:`.pg_driver.RENEW_OWN_LEASE`),
         and moves the row's sweep hint on to ``hint`` if it does."""
-
         with self.lock:
             if self.keys.get(key) != token:
                 return False
@@ -398,8 +373,7 @@ class LeaseSessions:
     A lease stays on the session that took it: ``finish``, ``renew`` and the unlock find that
     session by the key it holds for the lease's token (at most ``most`` dictionaries looked
     at; a dropped session forgot only its own keys). A key held by any session of the store
-    reads as busy on every one (:meth:`held`): advisory locks are re-entrant only within one
-    session, and the server refuses a key another session holds.
+    reads as busy on every one (:meth:`held`): the server refuses a key another session holds.
     """
 
     #: How many leases a session takes before new claims go to another one.
@@ -441,27 +415,21 @@ class LeaseSessions:
         """:meth:`LeaseSession.transaction` on the session that holds the lease (``finish``,
         waiting for it), or (``begin``) on a free one under :attr:`CAP`, else a new one, else
         the least loaded free one; None when there is none (the caller takes the pooled path)."""
-        if not take:
-            session = self.holder(key, token)
-            done = None if session is None else session.transaction(key, token, call, clock, decide, take=False,
-                                                                     fast=fast)
-        else:
-            done = None
-            for under_cap in (True, False):
-                # over the cap with every session open: the least loaded first
-                for session in self.sessions if under_cap else sorted(self.sessions, key=lambda s: len(s.keys)):
-                    if under_cap and len(session.keys) >= self.CAP:
-                        continue
-                    done = session.transaction(key, token, call, clock, decide, take=True, fast=fast)
-                    if done is not None:
-                        return done
-                if under_cap and (session := self._opened()) is not None:
-                    done = session.transaction(key, token, call, clock, decide, take=True, fast=fast)
-                    if done is not None:
-                        return done
-        if done is None:
-            self.fallbacks += 1
-        return done
+        for session in self._claimable() if take else filter(None, [self.holder(key, token)]):
+            done = session.transaction(key, token, call, clock, decide, take=take, fast=fast)
+            if done is not None:
+                return done
+        self.fallbacks += 1
+        return None
+
+    def _claimable(self) -> Iterator[LeaseSession]:
+        """The sessions a claim tries, in turn: those under :attr:`CAP`, a new one, then (over
+        the cap with every session open) all, the least loaded first."""
+        yield from (s for s in self.sessions if len(s.keys) < self.CAP)
+        session = self._opened()
+        if session is not None:
+            yield session
+        yield from sorted(self.sessions, key=lambda s: len(s.keys))
 
     def try_lock(self, key: int, token: str) -> tuple[bool, str]:
         """:meth:`LeaseSession.try_lock` on the session holding the fewest leases (waiting for it)."""

@@ -29,7 +29,6 @@ import psycopg
 from psycopg import generators, pq
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.rows import namedtuple_row
-from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.pool import Pool, PoolProxiedConnection
 
 from ...lifecycle import CallSpec, Draft, Lease, Outcome, Writes, sweep_hint
@@ -138,14 +137,6 @@ def _result(conn: psycopg.Connection[Any], results: list[pq.abc.PGresult], expec
     return result
 
 
-def session_run(conn: Any, statement: str, params: tuple[Any, ...]) -> tuple[Any, int]:
-    """Run one lease-session statement on ``conn`` (a psycopg connection) as a prepared
-    statement: (its answer, the backend pid)."""
-    row = fetch_prepared(conn, statement, params)
-    assert row is not None
-    return row[0], row[1]
-
-
 class Transaction:
     """One write transaction on a pooled connection, in as few round trips as it can: the
     statements are queued, and a read (:meth:`lock_call`, :meth:`event_data`) or the
@@ -214,56 +205,44 @@ class Transaction:
 
 
 @contextmanager
-def transaction(pool: Pool, proxy: PoolProxiedConnection) -> Iterator[Transaction]:
-    """A :class:`Transaction` on ``proxy`` (a pooled connection), committed at the end. A
-    connection whose transaction failed is never handed out again: it is dropped, and when
-    the failure was the connection's (the server went away), so is every pooled connection
-    opened before it (SQLAlchemy's own rule for a disconnect)."""
+def _autocommitted(pool: Pool, proxy: PoolProxiedConnection) -> Iterator[psycopg.Connection[Any]]:
+    """The driver's connection of ``proxy`` (a pooled connection), in autocommit while it is
+    used, then handed back to the pool. A connection whose use failed is never handed out
+    again: it is dropped, and when the failure was the connection's (the server went away),
+    so is every pooled connection opened before it (SQLAlchemy's own rule for a disconnect)."""
     conn: psycopg.Connection[Any] = proxy.driver_connection  # type: ignore[assignment]
     try:
-        conn.autocommit = True  # the transaction's BEGIN and COMMIT travel with its statements
+        conn.autocommit = True
+        yield conn
+        conn.autocommit = False
+    except BaseException as e:
+        if isinstance(e, CONNECTION_ERRORS) or conn.broken:
+            pool._invalidate(proxy, e)  # noqa: SLF001 - what SQLAlchemy does on a disconnect
+        else:
+            proxy.invalidate(e)
+        proxy.close()
+        raise
+    proxy.close()
+
+
+@contextmanager
+def transaction(pool: Pool, proxy: PoolProxiedConnection) -> Iterator[Transaction]:
+    """A :class:`Transaction` on ``proxy``, committed at the end (``BEGIN`` and ``COMMIT`` go with its statements)."""
+    with _autocommitted(pool, proxy) as conn:
         tx = Transaction(conn)
         yield tx
         tx.commit()
-        conn.autocommit = False
-    except BaseException as e:
-        drop(pool, proxy, e)
-        raise
-    proxy.close()
 
 
 def autocommit(pool: Pool, proxy: PoolProxiedConnection, statement: str, params: tuple[Any, ...]) -> Any:
     """Run one statement alone on a pooled connection (autocommitted: one round trip) and
     return its first row."""
-    conn: psycopg.Connection[Any] = proxy.driver_connection  # type: ignore[assignment]
-    try:
-        conn.autocommit = True
-        row = fetch_prepared(conn, statement, params)
-        conn.autocommit = False
-    except BaseException as e:
-        drop(pool, proxy, e)
-        raise
-    proxy.close()
-    return row
+    with _autocommitted(pool, proxy) as conn:
+        return fetch_prepared(conn, statement, params)
 
 
-def drop(pool: Pool, proxy: PoolProxiedConnection, error: BaseException) -> None:
-    """Throw away a pooled connection after ``error`` (all older ones too if it broke)."""
-    conn: DBAPIConnection = proxy.driver_connection  # type: ignore[assignment]
-    if isinstance(error, CONNECTION_ERRORS) or getattr(conn, "broken", False):
-        pool._invalidate(proxy, error)  # noqa: SLF001 - what SQLAlchemy does on a disconnect
-    else:
-        proxy.invalidate(error)
-    proxy.close()
-
-
-# -- One round trip: the plan for the state a call is expected in, applied only in it ------
-#
-# A server-side function of :mod:`.pg_functions` per operation, called as one prepared,
-# autocommitted statement: it locks the call's row, compares it with the state the plan was
-# made for, and makes the plan's writes only if it matches. The reply says which; a call in
-# another state wrote nothing, and is planned again from its row, in a transaction of its own
-# (:meth:`.lease_sessions.LeaseSession.transaction`).
+# -- One round trip: the plan for the state a call is expected in, applied only in it by a
+# function of :mod:`.pg_functions` (called as one prepared, autocommitted statement) --------
 
 #: :func:`.pg_functions.BEGIN_PLANNED`'s call: (key, call_id, spec JSON or None, name, key,
 #: no request, spec JSON to register with or None, now; attempt, token, worker, hint; the
@@ -350,17 +329,7 @@ class Planned(CallWriter):
         e = event.stamp(self.now)
         self.event = (e.id, e.type, e.attempt, dumps(e.data), e.at)
 
-    def let_go(self, token: str) -> None:
+    def _unplanned(self, *_: Any, **__: Any) -> None:
         raise AssertionError("not a planned write")
 
-    def settle(self, outcome: Outcome) -> None:
-        raise AssertionError("not a planned write")
-
-    def hand_on(self, lease: Lease) -> None:
-        raise AssertionError("not a planned write")
-
-    def checkpoint(self, checkpoint: str) -> None:
-        raise AssertionError("not a planned write")
-
-    def renew(self, lease: Lease) -> None:
-        raise AssertionError("not a planned write")
+    let_go = settle = hand_on = checkpoint = renew = _unplanned

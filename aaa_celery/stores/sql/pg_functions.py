@@ -19,7 +19,7 @@ new version beside the result as of its older snapshot).
 ``aaa_begin_planned`` registers a call it finds no row of (a message sent by name) and then
 locks the row, so that call's first ``begin`` is one round trip too; ``aaa_finish_planned``
 writes the finished row's sweep hint as ``'Infinity'`` (``lifecycle.FINISHED_HINT``), as
-:class:`.pg_driver._Writer` does on the other path.
+:class:`.statements.SQLWriter` does on the other path.
 
 Their writes are :mod:`.statements`' own (:meth:`.statements.Statement.plpgsql`), so a write
 is written once for every path; what is written here is only the comparison with the

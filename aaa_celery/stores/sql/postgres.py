@@ -20,7 +20,7 @@ import threading
 from collections import OrderedDict
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -51,8 +51,6 @@ from .runs import SQLRuns
 from .statements import INSERT_NEW_CALL, dumps
 from .store import SQLStore, _outcome, call_state, lapsed_event
 
-_DRIVER_ERRORS = (exc.OperationalError, exc.InterfaceError)
-
 #: TCP keepalives on by default: a dead peer must not keep a lease for hours.
 DEFAULT_CONNECT_ARGS: dict[str, Any] = {
     "keepalives": 1,
@@ -80,12 +78,9 @@ LEASE_STILL_HELD = sa.text(
     """
 )
 
-#: Whether no session holds a call's lease: a shared lock on its key is granted only then. It
-#: is held until the transaction ends, so no ``begin`` can claim the call before it commits.
-#: One lock looked at, where ``pg_locks`` copies the server's whole lock table.
-LEASE_FREE = sa.text("SELECT pg_try_advisory_xact_lock_shared(:key)")
-
-#: The keys among ``keys`` that a session holds (:data:`LEASE_FREE` of each, in one statement).
+#: The keys among ``keys`` that a session holds: a shared lock on a key is granted only when
+#: none does. It is held until the transaction ends, so no ``begin`` can claim the call before
+#: it commits. Only these locks are looked at, where ``pg_locks`` copies the server's whole lock table.
 LEASE_HELD_AMONG = sa.text(
     "SELECT k FROM unnest(CAST(:keys AS bigint[])) AS k WHERE NOT pg_try_advisory_xact_lock_shared(k)")
 
@@ -109,6 +104,13 @@ SCHEMA_LOCK_SPACE = int.from_bytes(hashlib.blake2b(b"aaa_celery:schema", digest_
 DB_CLOCK = sa.text("SELECT extract(epoch FROM clock_timestamp())")
 
 
+def _decide_finish(tx: Any, row: Any, spec: CallSpec, lease: Lease, outcome: Outcome, config: GuardConfig,
+                   now: float) -> tuple[Any, Writes]:
+    """Plan the outcome of the locked call and queue the writes on ``tx`` (under the row lock,
+    as ``SQLStore._finish``: the decision still holds when written): their reply, and them."""
+    writes = plan_finish(call_state(row, _outcome(row.outcome), False, None), spec, lease, outcome, config)
+    return apply(writes, tx.writer(lease.call_id, now)), writes
+
 
 def ping_if_idle(engine: sa.Engine, idle_s: float) -> None:
     """Ping a pooled connection before handing it out only if it sat unused over ``idle_s``,
@@ -130,10 +132,6 @@ def ping_if_idle(engine: sa.Engine, idle_s: float) -> None:
                 engine.dialect.do_ping(dbapi_connection)
             except Exception as e:  # any failure: the pool opens another connection
                 raise exc.DisconnectionError(str(e)) from e
-
-
-def _engine_url(url: str) -> sa.URL:
-    return sa.make_url(url).set(drivername="postgresql+psycopg")
 
 
 class PostgresStore(SQLRuns, SQLStore):
@@ -191,11 +189,12 @@ class PostgresStore(SQLRuns, SQLStore):
         #: The columns of each of Celery's result tables named by a copy (none: no such table),
         #: and when they were looked up (:meth:`_result_row`).
         self._result_tables: dict[tuple[str | None, str], tuple[frozenset[str], float]] = {}
-        super().__init__(sa.create_engine(_engine_url(url), connect_args=args, **options), clock or self._db_clock)
+        engine = sa.create_engine(sa.make_url(url).set(drivername="postgresql+psycopg"), connect_args=args, **options)
+        super().__init__(engine, clock or self._db_clock)
         ping_if_idle(self.engine, self.PING_IDLE_S)
 
         #: What wrap_errors turns into StoreUnavailable: SQLAlchemy's and the driver's errors.
-        self._errors = (*_DRIVER_ERRORS, *CONNECTION_ERRORS)
+        self._errors = (exc.OperationalError, exc.InterfaceError, *CONNECTION_ERRORS)
         if not isinstance(lease_sessions, int) or isinstance(lease_sessions, bool) or lease_sessions < 1:
             raise ConfigError(f"postgresql store: lease_sessions must be an int of at least 1, not {lease_sessions!r}: "
                               "the most lease sessions a process opens (default 8; 1 keeps every lease on one)")
@@ -258,28 +257,15 @@ class PostgresStore(SQLRuns, SQLStore):
         return {r.call_id for r in rows if key_halves(lock_key(r.call_id)) in held}
 
     def _live_swept(self, rows: Sequence[Row[Any]], now: float, conn: Connection) -> set[str]:
-        """The swept rows whose lock a session holds, each lock asked by its key
-        (:data:`LEASE_HELD_AMONG`), never ``pg_locks``' copy of every lock: the sweep read only
-        the rows whose sweep hint lapsed, so this costs as many probes as those rows. Each
-        probe's shared lock lasts until the sweep's read ends: a ``begin`` of a listed call
-        meanwhile finds it busy and is delivered again (as :meth:`_holder_live`'s)."""
+        """The rows whose lock a session holds, each lock asked by its key (:data:`LEASE_HELD_AMONG`),
+        never ``pg_locks``' copy of every lock: the sweep read only the rows whose sweep hint
+        lapsed, and a recovery claim asks one, so this costs as many probes as those rows however
+        many leases the server holds. Each probe's shared lock lasts until the read (or the
+        claim's transaction) ends: a ``begin`` of the call meanwhile finds it busy, and the call
+        is republished."""
         keys = {lock_key(r.call_id): r.call_id for r in rows}
         held = conn.execute(LEASE_HELD_AMONG, {"keys": list(keys)}).scalars()
         return {keys[k] for k in held}
-
-    def _holder_live(self, conn: Connection, row: Row[Any], now: float) -> bool:
-        """One lease, probed by its key (:data:`LEASE_FREE`): what a recovery claim asks of each
-        lapsed call costs the same however many leases the server holds. A ``begin`` of the call
-        while the claim's transaction lasts finds it busy; the claim then republishes it."""
-        return not conn.execute(LEASE_FREE, {"key": lock_key(row.call_id)}).scalar_one()
-
-    def _write_one(self) -> AbstractContextManager[Connection]:
-        return self._autocommit()
-
-    @contextmanager
-    def _autocommit(self) -> Iterator[Connection]:
-        with wrap_errors(self.kind, *self._errors), self.engine.connect() as conn:
-            yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
     def _apply(self, conn: Connection, writes: Writes, call_id: str, now: float) -> Any:
         """Send the writes and the ``COMMIT`` in one round trip (a psycopg pipeline): none of
@@ -299,7 +285,6 @@ class PostgresStore(SQLRuns, SQLStore):
         driver for a new call. A pooled connection that turns out dead (pinged only after
         :attr:`PING_IDLE_S` unused) is retried once on a new one: the insert is idempotent,
         and a call sent unregistered could not be recovered if its message were lost."""
-
         now = self.now()
         for retry in (True, False):
             try:
@@ -319,17 +304,13 @@ class PostgresStore(SQLRuns, SQLStore):
     @contextmanager
     def _transaction(self) -> Iterator[Any]:
         """A write transaction on the driver (:class:`.pg_driver.Transaction`), one pipeline."""
-
         with wrap_errors(self.kind, *self._errors), transaction(self.engine.pool, self.engine.raw_connection()) as tx:
             yield tx
 
     def begin(self, call: CallSpec, worker: str, config: GuardConfig, token: str | None = None) -> BeginResult:
-        """Decide a delivery. On a free lease session (:meth:`LeaseSessions.transaction`) in one
-        statement if the call is as planned (:meth:`LeaseSession._fast`), else the lock
-        and the row travel in one query and the writes, with the unlock of a lock not kept,
-        in the ``COMMIT``'s (:meth:`LeaseSession.transaction`); else the lock is taken on the
-        session and the row written on a pooled connection."""
-
+        """Decide a delivery on a free lease session (:meth:`LeaseSessions.transaction`: one
+        statement if the call is as planned, else two round trips); when none is free, the lock
+        is taken on a session and the row written on a pooled connection."""
         key, token = lock_key(call.call_id), token or new_token()
 
         def decide(tx: Any, row: Any, spec: CallSpec, got: bool, lease_token: str, now: float) -> tuple[Any, bool]:
@@ -388,7 +369,6 @@ class PostgresStore(SQLRuns, SQLStore):
         """``writes`` as the server-side function of ``begin`` (else ``finish``) takes them
         (:class:`.pg_driver.Planned`, with the plan's ``reply``), or None for writes it does
         not make."""
-
         if not Planned.takes(writes, begin):
             return None
         planned = Planned(call_id, now)
@@ -415,17 +395,13 @@ class PostgresStore(SQLRuns, SQLStore):
         """Record the outcome (:meth:`SQLStore.finish`). When a lease session of this process holds
         the lease, the transaction runs there (after any other thread's statement on it) and
         gives the lock back in the same step; else on a pooled connection."""
-
-
         name = self._recall(lease.call_id)
         result_row = self._result_row(copy) if outcome.ok else None
         sent: list[bool] = []  # the row went with the function's call, and nothing decided after it
 
         def decide(tx: Any, row: Any, spec: CallSpec, got: bool, lease_token: str, now: float) -> tuple[Any, bool]:
             sent.clear()  # the function wrote nothing
-            state = call_state(row, _outcome(row.outcome), False, None)
-            writes = plan_finish(state, spec, lease, outcome, config)
-            finished = apply(writes, tx.writer(lease.call_id, now))
+            finished, writes = _decide_finish(tx, row, spec, lease, outcome, config, now)
             if result_row is not None and isinstance(finished, Accepted) and writes.record is not None:
                 statement, params = insert_result_row(result_row)
                 tx.queue(statement, *params)
@@ -470,8 +446,7 @@ class PostgresStore(SQLRuns, SQLStore):
             return None
         known = self._result_tables.get(row.table)
         if known is None or (not known[0] and time.monotonic() - known[1] > self.RESULT_TABLE_RECHECK_S):
-
-            with wrap_errors(self.kind, *self._errors), self._read() as conn:
+            with self._read() as conn:
                 names = conn.execute(sa.text(
                     "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(:name) AND attnum > 0"
                     " AND NOT attisdropped"), {"name": quoted_name(*row.table)}).scalars()
@@ -487,16 +462,8 @@ class PostgresStore(SQLRuns, SQLStore):
         with self._transaction() as tx:
             now = self.now()
             row, spec = tx.lock_call(CallSpec(lease.call_id), now)
-            return self._decide_finish(tx, row, spec, lease, outcome, config, now)
-
-    @staticmethod
-    def _decide_finish(tx: Any, row: Any, spec: CallSpec, lease: Lease, outcome: Outcome, config: GuardConfig,
-                       now: float) -> FinishResult:
-        # under the row lock, as SQLStore._finish: the decision still holds when written
-        state = call_state(row, _outcome(row.outcome), False, None)
-        finished: FinishResult = apply(plan_finish(state, spec, lease, outcome, config),
-                                       tx.writer(lease.call_id, now))
-        return finished
+            finished: FinishResult = _decide_finish(tx, row, spec, lease, outcome, config, now)[0]
+            return finished
 
     def _let_go(self, lease: Lease) -> None:
         self._sessions.unlock(lock_key(lease.call_id), lease.token)

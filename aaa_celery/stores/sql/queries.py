@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 #: The dialect's ``insert`` (PostgreSQL's or SQLite's: both have ON CONFLICT).
 Insert = Callable[[sa.Table], "PostgresInsert | SQLiteInsert"]
 
-# -- Statements: every one the SQL stores run, by name -------------------------------
-
 
 def live_at(expires_at: sa.ColumnElement[Any], now: float) -> sa.ColumnElement[bool]:
     """``not lifecycle.lapsed(expires_at, now)`` in SQL: a TTL lease is live strictly before
@@ -35,19 +33,17 @@ def lapsed_at(expires_at: sa.ColumnElement[Any], now: float) -> sa.ColumnElement
     return sa.or_(expires_at.is_(None), expires_at <= now)
 
 
-def select_call_for_update(call_id: str, *extra: sa.ColumnElement[Any]) -> sa.Select[Any]:
+def select_call_for_update(call_id: str) -> sa.Select[Any]:
     """Read a call's row and lock it until the transaction ends (SQLite: the
     ``BEGIN IMMEDIATE`` write lock already serializes, ``FOR UPDATE`` renders as nothing)."""
-    return sa.select(calls, *extra).where(calls.c.call_id == call_id).with_for_update()
+    return sa.select(calls).where(calls.c.call_id == call_id).with_for_update()
 
 
 def select_result(call_id: str) -> sa.Select[Any]:
-    """The call's recorded outcome."""
     return sa.select(results.c.outcome).where(results.c.call_id == call_id)
 
 
 def select_events(call_id: str) -> sa.Select[Any]:
-    """A call's audit trail, oldest first."""
     return sa.select(events).where(events.c.call_id == call_id).order_by(events.c.id)
 
 
@@ -98,7 +94,6 @@ def lease_holds(call_id: str, token: str) -> sa.Select[Any]:
 
 
 def select_checkpoint(call_id: str) -> sa.Select[Any]:
-    """The call's last checkpoint."""
     return sa.select(checkpoints.c.checkpoint).where(checkpoints.c.call_id == call_id)
 
 
@@ -114,12 +109,10 @@ def insert_slots_if_absent(insert: Insert, key: str) -> sa.Executable:
 
 
 def select_slots_for_update(key: str) -> sa.Select[Any]:
-    """Read a concurrency key's holders, and lock its row until the transaction ends."""
     return sa.select(slots.c.holders).where(slots.c.slot_key == key).with_for_update()
 
 
 def select_slots(key: str) -> sa.Select[Any]:
-    """Read a concurrency key's holders."""
     return sa.select(slots.c.holders).where(slots.c.slot_key == key)
 
 
@@ -129,7 +122,6 @@ def update_slots(key: str, holders: dict[str, float]) -> sa.Update:
 
 
 def select_budget_for_update(key: str) -> sa.Select[Any]:
-    """Read a budget's window and total, and lock its row until the transaction ends."""
     return sa.select(budgets.c.window_no, budgets.c.total).where(budgets.c.budget_key == key).with_for_update()
 
 

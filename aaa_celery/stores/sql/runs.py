@@ -56,15 +56,15 @@ class SQLRuns(RunRecords, RunJournal):
             stmt = stmt.where(runs.c.status.in_(sorted(ACTIVE)))
         if before is not None:
             stmt = stmt.where(sa.tuple_(runs.c.started_at, runs.c.run_key) < sa.tuple_(*before))
-        stmt = stmt.order_by(runs.c.started_at.desc(), runs.c.run_key.desc()).limit(limit)
+        return self._views(stmt.order_by(runs.c.started_at.desc(), runs.c.run_key.desc()).limit(limit))
+
+    def find_runs(self, run_id: str) -> list[RunRecord]:
+        return self._views(sa.select(runs).where(runs.c.run_id == run_id))
+
+    def _views(self, stmt: sa.Select[Any]) -> list[RunRecord]:
         with self._read() as conn:
             now = self.now()
             return [self._view(conn, row, now) for row in conn.execute(stmt).all()]
-
-    def find_runs(self, run_id: str) -> list[RunRecord]:
-        with self._read() as conn:
-            now = self.now()
-            return [self._view(conn, row, now) for row in conn.execute(sa.select(runs).where(runs.c.run_id == run_id))]
 
     def append_run_events(self, key: str, events: Sequence[dict[str, Any]]) -> None:
         if not events:

@@ -146,8 +146,10 @@ class SQLiteStore(SQLRuns, SQLStore):
         with self._write() as conn:
             now = self.now()
             row, spec = self._lock_call(conn, call, now)
-            live = bool(self._live([row], now, conn))
-            return self._begin(conn, row, spec, worker, config, now, live, token or new_token())
+            state = self._state(conn, row, bool(self._live([row], now, conn)))
+            writes = self._begin_writes(state, spec, worker, config, now, token or new_token())
+            begun: BeginResult = self._apply(conn, writes, row.call_id, now)
+            return begun
 
     def close(self) -> None:
         self.engine.dispose()

@@ -87,9 +87,7 @@ def statement(build: Callable[[Any], Any]) -> Statement:
     """A :class:`Statement` from ``build(insert)``, which gets the dialect's ``insert`` (both
     have ``ON CONFLICT``); its parameters must come out in the same order on both."""
     built = {name: build(_INSERTS[name]) for name in _DIALECTS}
-    orders = set()
-    for name, dialect in _DIALECTS.items():
-        orders.add(tuple(built[name].compile(dialect=dialect).positiontup or ()))
+    orders = {tuple(built[name].compile(dialect=dialect).positiontup or ()) for name, dialect in _DIALECTS.items()}
     assert len(orders) == 1, orders
     text, named = (" ".join(str(built["postgresql"].compile(dialect=d)).split()) for d in (_DIALECTS["postgresql"], _NAMED))
     return Statement(built, text, tuple(name.removeprefix(_BOUND) for name in orders.pop()), named)
@@ -111,17 +109,17 @@ _ZERO: sa.ColumnClause[Any] = sa.literal_column("0")
 _ONE: sa.ColumnClause[Any] = sa.literal_column("1")
 _ZERO_S: sa.ColumnClause[Any] = sa.literal_column("0.0")
 
+def _insert_call_if_absent(insert: Any) -> Any:
+    return insert(calls).values(
+        call_id=_p("call_id"), spec=_json("spec"), attempts=_ZERO, registered_at=_p("now"),
+        recovery_until=_ZERO_S, handed_on=_ZERO, handed=_ZERO).on_conflict_do_nothing(index_elements=["call_id"])
+
+
 #: Register a call unless its row exists (the row is what the row lock locks): (call_id,
 #: spec JSON, now).
-INSERT_CALL_IF_ABSENT = statement(lambda insert: insert(calls).values(
-    call_id=_p("call_id"), spec=_json("spec"), attempts=_ZERO, registered_at=_p("now"),
-    recovery_until=_ZERO_S, handed_on=_ZERO, handed=_ZERO).on_conflict_do_nothing(index_elements=["call_id"]))
-
+INSERT_CALL_IF_ABSENT = statement(_insert_call_if_absent)
 #: :data:`INSERT_CALL_IF_ABSENT`, returning the call's id only if this inserted its row.
-INSERT_NEW_CALL = statement(lambda insert: insert(calls).values(
-    call_id=_p("call_id"), spec=_json("spec"), attempts=_ZERO, registered_at=_p("now"),
-    recovery_until=_ZERO_S, handed_on=_ZERO, handed=_ZERO).on_conflict_do_nothing(index_elements=["call_id"])
-    .returning(calls.c.call_id))
+INSERT_NEW_CALL = statement(lambda insert: _insert_call_if_absent(insert).returning(calls.c.call_id))
 
 #: Read a call's row with its recorded outcome (``outcome``, NULL if none) and lock the row
 #: until the transaction ends; only the call's row is locked (SQLite: the ``BEGIN

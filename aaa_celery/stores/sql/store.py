@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection, Row
 
 from ...config import GuardConfig
 from ...errors import StoreUnavailable
-from ...lifecycle import (BeginResult, CallSpec, CallState, Checkpoint, Draft, Event, FinishResult, Lease, Outcome,
+from ...lifecycle import (CallSpec, CallState, Checkpoint, Draft, Event, FinishResult, Lease, Outcome,
                           RecordKind, Writes, joined, held_by, lost_cause_event, plan_begin,
                           plan_checkpoint, plan_fenced, plan_finish, plan_hand_on, plan_record, plan_resolve,
                           plan_recovery_claim, plan_release, plan_renew, plan_settle, lapsed, plan_slot, plan_spend,
@@ -40,8 +40,6 @@ from .queries import (Insert, PAGE, count_budget_spend, delete_budget_tokens, ho
 from . import versions
 from .statements import INSERT_NEW_CALL, SQLWriter, SELECT_EVENT_DATA, Statement, dumps, lock_call
 from .schema import calls, checkpoints, events, recoveries, results
-
-# -- The store -------------------------------------------------------------------------
 
 #: The table of each kind of record lifecycle.PURGED names, in the order a purge deletes them.
 _TABLES = {"call": calls, "result": results, "events": events, "checkpoint": checkpoints, "recovery": recoveries}
@@ -106,14 +104,9 @@ class SQLStore(Store):
         """The call ids among ``rows`` whose lease is live."""
 
     def _live_swept(self, rows: Sequence[Row[Any]], now: float, conn: Connection) -> set[str]:
-        """:meth:`_live` of the rows a recovery sweep read (a backend may ask their leases
-        alone, instead of :meth:`_live`'s view of every lease)."""
+        """:meth:`_live` of the rows a recovery sweep read, or of the one a recovery claim
+        locked (a backend may ask their leases alone, instead of :meth:`_live`'s view of every lease)."""
         return self._live(rows, now, conn)
-
-    def _holder_live(self, conn: Connection, row: Row[Any], now: float) -> bool:
-        """Whether the lease of one locked call row is live (a backend may look at that one
-        lease alone, instead of :meth:`_live`'s view of every lease)."""
-        return row.call_id in self._live([row], now, conn)
 
     def _lock_schema(self, conn: Connection) -> None:  # noqa: B027 - optional hook
         """Keep other processes from creating or upgrading the schema until ``conn``'s
@@ -121,11 +114,6 @@ class SQLStore(Store):
 
     def _let_go(self, lease: Lease) -> None:  # noqa: B027 - optional hook
         """Free what the backend holds for ``lease`` outside the tables (after commit)."""
-
-    def _write_one(self) -> AbstractContextManager[Connection]:
-        """A connection for one statement that needs no transaction around it (PostgreSQL:
-        autocommit, which saves the ``BEGIN`` and ``COMMIT`` round trips)."""
-        return self._write()
 
     # Schema versions (versions.py).
 
@@ -162,23 +150,6 @@ class SQLStore(Store):
         lapsed = lapsed_event(row, result, holder_live) if cause else None
         data = SELECT_EVENT_DATA.execute(conn, (lapsed,)).scalar_one_or_none() if lapsed else None
         return call_state(row, result, holder_live, data)
-
-    def _begin(
-        self,
-        conn: Connection,
-        row: Row[Any],
-        spec: CallSpec,
-        worker: str,
-        config: GuardConfig,
-        now: float,
-        holder_live: bool,
-        token: str,
-    ) -> BeginResult:
-        """Decide a delivery of the locked call and write the decision; a claim's
-        lease gets ``token`` (and an expiry if the backend's leases have a TTL)."""
-        writes = self._begin_writes(self._state(conn, row, holder_live), spec, worker, config, now, token)
-        begun: BeginResult = self._apply(conn, writes, row.call_id, now)
-        return begun
 
     def _begin_writes(self, state: CallState, spec: CallSpec, worker: str, config: GuardConfig, now: float,
                       token: str) -> Writes:
@@ -281,7 +252,7 @@ class SQLStore(Store):
 
     def register(self, call: CallSpec) -> None:
         now = self.now()
-        with self._write_one() as conn:  # a new call: one statement
+        with self._write() as conn:  # a new call: one statement
             args = INSERT_NEW_CALL.args(call_id=call.call_id, spec=dumps(call.__dict__), now=now)
             if INSERT_NEW_CALL.execute(conn, args).first() is not None:
                 return
@@ -307,7 +278,7 @@ class SQLStore(Store):
             claim = plan_recovery_claim(state, count, held_until, now, hold_s, max_hold_s)
             # planned for a lease not live; the lease is looked at last, and only for a claim the
             # plan would make (most sweeps find the call held by an earlier republish)
-            if claim is not None and row is not None and self._holder_live(conn, row, now):
+            if claim is not None and row is not None and row.call_id in self._live_swept([row], now, conn):
                 assert state is not None
                 claim = plan_recovery_claim(replace(state, holder_live=True), count, held_until, now, hold_s,
                                             max_hold_s)

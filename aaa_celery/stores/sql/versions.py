@@ -66,14 +66,12 @@ def version(conn: Connection) -> StoreVersion:
 
 
 def _run(conn: Connection, what: str) -> None:
+    """Run Alembic's command ``what`` (``stamp`` or ``upgrade``) to the head revision."""
     from alembic import command
 
     config = alembic_config()  # one per run: it carries the connection to migrations/env.py
     config.attributes["connection"] = conn
-    if what == "stamp":
-        command.stamp(config, "head")
-    else:
-        command.upgrade(config, "head")
+    getattr(command, what)(config, "head")
 
 
 def prepare(conn: Connection) -> None:
