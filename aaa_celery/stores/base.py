@@ -425,6 +425,10 @@ class Store(GuardStore, RecoveryStore, OperatorStore, RunStore, Budgets):
     clock and its connections. Each interface has its own conformance suite in
     ``tests/stores`` (``tests/stores/test_interfaces.py`` names them)."""
 
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The store's clock, in seconds."""
+
     def abandon(self, call: CallSpec, outcome: Outcome) -> bool:
         return self.record(call, outcome, "abandon")
 
