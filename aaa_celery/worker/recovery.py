@@ -8,11 +8,10 @@ need it, and only those:
 
 * A call whose lease **lapsed** without a result (its holder died): republished at
   once, unless a copy of its message already waits in a queue. After the sweep could not
-  reach the store, lapsed leases are left alone for the longest ``lease_ttl_s`` of the
-  app's guarded tasks from its first sweep that reaches it again: a holder that was cut off
-  too records why it gave up (``store_unreachable``) before a republished attempt is
-  refused, so the refusal names the store, not a lost worker, whichever worker reaches the
-  store first.
+  reach the store, a lapsed lease is left alone for its task's ``lease_ttl_s`` from the
+  sweep's first reach of the store again: a holder that was cut off too records why it gave
+  up (``store_unreachable``) before a republished attempt is refused, so the refusal names
+  the store, not a lost worker, whichever worker reaches the store first.
 * A call **registered but never claimed**: over the Redis broker the sweep looks for
   its message (:mod:`.broker`). One still queued is left alone (a healthy backlog costs
   nothing); one the broker has nowhere, at two looks ``aaa_lost_check_s`` apart once the
@@ -167,12 +166,21 @@ class Recovery:
         #: How many calls this sweeper ended as abandoned (for tests and operators).
         self.abandoned = 0
         self._store_lost = False
-        #: monotonic time before which lapsed leases are left to their holders (after an outage)
-        self._lapsed_held_until = -math.inf
+        #: when (monotonic) a sweep reached the store again after it could not
+        self._regained_at = -math.inf
 
     def store_lost(self) -> None:
-        """The store could not be reached: once it answers, lapsed leases wait one lease."""
+        """The store could not be reached: once it answers, a lapsed lease waits one lease."""
         self._store_lost = True
+
+    def _left_to_holder(self, call: CallSpec) -> bool:
+        """Whether ``call``'s lapsed lease is still left to its holder after an outage: for
+        its task's ``lease_ttl_s`` (the longest of the app's, for a task unknown here)."""
+        since = time.monotonic() - self._regained_at
+        if since == math.inf:
+            return False
+        config = getattr(self.app.tasks.get(call.request.get("task") or call.name), "guard_config", None)
+        return since < (config.lease_ttl_s if config is not None else longest_lease_s(guarded_tasks(self.app)))
 
     def sweep(self) -> list[str]:
         """One sweep; returns the ids of the calls it republished or ended."""
@@ -180,10 +188,7 @@ class Recovery:
         lapsed = self.store.expired(unclaimed_grace_s=_NEVER)
         lapsed_ids = {c.call_id for c in lapsed}
         if self._store_lost:  # it answers again
-            self._store_lost = False
-            self._lapsed_held_until = time.monotonic() + longest_lease_s(guarded_tasks(self.app))
-        if time.monotonic() < self._lapsed_held_until:
-            lapsed = []
+            self._store_lost, self._regained_at = False, time.monotonic()
         # Never-claimed calls: over a Redis broker, looked for every lost_check_s from
         # lost_after_s on; over other brokers, every sweep from the grace on.
         look = probe is not None and time.monotonic() - self._looked >= s.lost_check_s
@@ -202,7 +207,8 @@ class Recovery:
             self._absent = {k: v for k, v in self._absent.items() if k in {c.call_id for c in waiting}}
         sent = []
         for call in lapsed:
-            if where.get(call.call_id) != QUEUED:  # else a copy of it waits in a queue already
+            # unless a copy of it waits in a queue already, or its holder may yet say why it gave up
+            if where.get(call.call_id) != QUEUED and not self._left_to_holder(call):
                 sent += self._bring_back(call, s.hold_s, "its lease lapsed", where.get(call.call_id))
         old: set[str] | None = None if look else {c.call_id for c in waiting}
         for call in waiting:

@@ -27,7 +27,7 @@ TTL = 2.0
 
 
 def test_a_lease_that_lapsed_in_an_outage_is_left_to_its_holder_for_one_lease(redis_url, store_server):  # noqa: F811
-    # Given an at-most-once call whose attempt 1 holds a lease, and a worker's sweeper
+    # Given an at-most-once call whose attempt 1 holds a lease of TTL, and a worker's sweeper
     app = Celery("outage", broker=redis_url, set_as_current=False)
     app.conf.update(aaa_store_url=store_server.url, aaa_recovery_hold_s=0.1, task_serializer="json",
                     accept_content=["json"])
@@ -36,6 +36,10 @@ def test_a_lease_that_lapsed_in_an_outage_is_left_to_its_holder_for_one_lease(re
               guard={"lease_ttl_s": TTL})
     def send(x: int) -> int:
         return x
+
+    @app.task(base=GuardedTask, name="outage.slow", shared=False, guard={"lease_ttl_s": 60})
+    def slow() -> None:
+        """A task of a longer lease: its calls' holders get longer, not this one's."""
 
     call_id = send.delay(1).id
     redis.Redis.from_url(redis_url).delete("celery")  # the holder took the message
@@ -72,7 +76,7 @@ def test_a_lease_that_lapsed_in_an_outage_is_left_to_its_holder_for_one_lease(re
             assert sweeper.sweep_once() == []
             time.sleep(0.25)
 
-        # and one lease later the sweep brings the call back, and its refusal names the store
+        # and one lease (its task's) later the sweep brings the call back, and its refusal names the store
         while not (sent := sweeper.sweep_once()) and time.monotonic() < back + TTL + 10:
             time.sleep(0.25)
         assert sent == [call_id]
