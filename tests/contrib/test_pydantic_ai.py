@@ -155,7 +155,11 @@ async def run_while(fleet: Fleet, agent: Agent[Any, Any], action: Any, **kwargs:
     """Run the agent while ``action()`` runs in a thread (it kills, decides, ...)."""
     task = asyncio.ensure_future(agent.run("go", deps="acme", **kwargs))
     await asyncio.to_thread(action)
-    return await asyncio.wait_for(task, 90)
+    try:
+        return await asyncio.wait_for(task, 90)
+    except TimeoutError:
+        print(fleet.logs())  # every worker process's stacks, then their logs
+        raise
 
 
 def test_kill_9_of_the_refund_holder_raises_outcome_unknown_and_the_refund_started_once(fleet: Fleet):
