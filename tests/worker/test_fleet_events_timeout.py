@@ -49,8 +49,16 @@ def test_audit_events_reach_celery_event_receivers_on_workers_started_with_E(fle
         bad = f.client.tasks["fleet.fail"].delay("tool")
         assert ok.get(timeout=15) == 2 and echo.get(timeout=15) == "hi"
         bad.get(timeout=15, propagate=False)
+        # Celery's task-succeeded leaves the worker's main process after the result is stored:
+        # the caller can have the result before the event is even sent
+        def succeeded() -> bool:
+            return any(e["type"] == "task-succeeded" and e.get("uuid") == ok.id for e in list(log.events))
+
+        def arrived() -> bool:
+            return all(len(log.of(r.id)) >= 2 for r in (ok, echo, bad)) and succeeded()
+
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not all(len(log.of(r.id)) >= 2 for r in (ok, echo, bad)):
+        while time.monotonic() < deadline and not arrived():
             time.sleep(0.1)
         for result, tool, last in ((ok, "fleet.quick", "aaa-tool-completed"),
                                    (echo, "echo", "aaa-tool-completed"),
@@ -63,7 +71,7 @@ def test_audit_events_reach_celery_event_receivers_on_workers_started_with_E(fle
             assert not any({"worker", "state", "name", "result"} & set(e) for e in got), got
         assert log.of(bad.id)[-1]["aaa_error"] == "ToolError"
         # Celery's own task events still flow (the worker runs with -E)
-        assert any(e["type"] == "task-succeeded" and e.get("uuid") == ok.id for e in log.events)
+        assert succeeded()
     finally:
         log.stop()
 
