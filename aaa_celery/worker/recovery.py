@@ -74,6 +74,16 @@ DEFAULT_MAX_TRIES = 5
 _NEVER = 1e12
 
 
+@dataclass
+class StoreOutage:
+    """Whether a sweeper's last sweep could not reach the store, and when (monotonic) a sweep
+    reached it again after it could not; the sweeper keeps it across the :class:`Recovery`
+    objects it builds (one is rebuilt after a broker error)."""
+
+    lost: bool = False
+    regained_at: float = -math.inf
+
+
 @dataclass(frozen=True)
 class RecoverySettings:
     """The sweep's settings, from the app's ``aaa_*`` configuration (seconds)."""
@@ -154,9 +164,10 @@ class Recovery:
     """
 
     def __init__(self, app: Celery, store: RecoveryStore, worker: str, producer: Any = None,
-                 probe: RedisBrokerProbe | None = None) -> None:
+                 probe: RedisBrokerProbe | None = None, outage: StoreOutage | None = None) -> None:
         self.app, self.store, self.worker = app, store, worker
         self.producer, self.probe = producer, probe
+        self.outage = outage if outage is not None else StoreOutage()
         self.settings = RecoverySettings.of(app)
         #: call id -> when (monotonic) a look first found its message nowhere
         self._absent: dict[str, float] = {}
@@ -165,18 +176,11 @@ class Recovery:
         self._adopted: dict[str, None] = {}
         #: How many calls this sweeper ended as abandoned (for tests and operators).
         self.abandoned = 0
-        self._store_lost = False
-        #: when (monotonic) a sweep reached the store again after it could not
-        self._regained_at = -math.inf
-
-    def store_lost(self) -> None:
-        """The store could not be reached: once it answers, a lapsed lease waits one lease."""
-        self._store_lost = True
 
     def _left_to_holder(self, call: CallSpec) -> bool:
         """Whether ``call``'s lapsed lease is still left to its holder after an outage: for
         its task's ``lease_ttl_s`` (the longest of the app's, for a task unknown here)."""
-        since = time.monotonic() - self._regained_at
+        since = time.monotonic() - self.outage.regained_at
         if since == math.inf:
             return False
         config = getattr(self.app.tasks.get(call.request.get("task") or call.name), "guard_config", None)
@@ -187,8 +191,8 @@ class Recovery:
         s, probe = self.settings, self.probe
         lapsed = self.store.expired(unclaimed_grace_s=_NEVER)
         lapsed_ids = {c.call_id for c in lapsed}
-        if self._store_lost:  # it answers again
-            self._store_lost, self._regained_at = False, time.monotonic()
+        if self.outage.lost:  # it answers again
+            self.outage.lost, self.outage.regained_at = False, time.monotonic()
         # Never-claimed calls: over a Redis broker, looked for every lost_check_s from
         # lost_after_s on; over other brokers, every sweep from the grace on.
         look = probe is not None and time.monotonic() - self._looked >= s.lost_check_s
@@ -322,6 +326,7 @@ class Sweeper:
         self._thread: threading.Thread | None = None
         self._recovery: Recovery | None = None
         self._conn: Any = None
+        self._outage = StoreOutage()
 
     def start(self) -> Sweeper:
         self._thread = threading.Thread(target=self._loop, name="aaa-recovery", daemon=True)
@@ -352,14 +357,14 @@ class Sweeper:
                 self._conn = self.app.connection_for_write()
                 producer = self.app.amqp.Producer(self._conn)
                 self._recovery = Recovery(self.app, app_store(self.app), self.name, producer,
-                                          RedisBrokerProbe.for_app(self.app))
+                                          RedisBrokerProbe.for_app(self.app), self._outage)
             sent = self._recovery.sweep()
             self.sweeps += 1
             return sent
         except StoreError as e:
             log.warning("aaa recovery sweep skipped: %s", e)
-            if isinstance(e, StoreUnavailable) and self._recovery is not None:
-                self._recovery.store_lost()
+            if isinstance(e, StoreUnavailable):  # once it answers, a lapsed lease waits one lease
+                self._outage.lost = True
         except Exception:  # noqa: BLE001 - a sweep must never end the sweeper
             log.exception("aaa recovery sweep failed")
             self._close()
