@@ -64,6 +64,31 @@ class Fleet:
     def logs(self) -> str:
         return fleet_logs(self.workers)
 
+    def state(self, since_s: float = 180) -> str:
+        """Where each call of the last ``since_s`` seconds is, for a run that timed out: the store's
+        record and events of each, the broker's queue and ``unacked`` messages, and what each worker
+        says it holds (Celery's ``inspect``: active, reserved, and its pool's state)."""
+        store, lines = app_store(self.app), ["===== calls, as the store has them ====="]
+        try:
+            for rec in store.calls(since=store.now() - since_s):
+                events = [(e.type.removeprefix("aaa.tool."), e.attempt) for e in store.events(rec.call_id)]
+                lines.append(f"{rec.call_id} {rec.spec.name} attempts={rec.attempts} holder={rec.holder} "
+                             f"result={rec.result.error or 'ok' if rec.result else None} events={events}")
+            lines.append("===== broker =====")
+            for queue in ("aaa.default", "celery"):
+                lines.append(f"queue {queue}: {[json.loads(m)['headers'].get('id') for m in self.redis.lrange(queue, 0, -1)]}")
+            for tag, raw in self.redis.hgetall("unacked").items():
+                headers = json.loads(raw)[0].get("headers", {})
+                lines.append(f"unacked {tag}: {headers.get('task')} {headers.get('id')}")
+            inspect = self.app.control.inspect(timeout=2)
+            for name, found in (("active", inspect.active()), ("reserved", inspect.reserved())):
+                lines.append(f"{name}: {json.dumps({w: [t.get('id') for t in ts] for w, ts in (found or {}).items()})}")
+            for worker, stats in (inspect.stats() or {}).items():
+                lines.append(f"pool of {worker}: {json.dumps(stats.get('pool'), default=str)}")
+        except Exception as e:  # noqa: BLE001 - a diagnostic: say what failed, never hide the test's own failure
+            lines.append(f"(state read failed: {e!r})")
+        return "\n".join(lines)
+
     def starts(self, call_id: str) -> list[int]:
         """The attempts the store records of a call (its ``aaa.tool.started`` events)."""
         return [e.attempt for e in app_store(self.app).events(call_id) if e.type == "aaa.tool.started"]
@@ -158,6 +183,7 @@ async def run_while(fleet: Fleet, agent: Agent[Any, Any], action: Any, **kwargs:
     try:
         return await asyncio.wait_for(task, 90)
     except TimeoutError:
+        print(fleet.state())
         print(fleet.logs())  # every worker process's stacks, then their logs
         raise
 
